@@ -1,0 +1,66 @@
+"""Pass 2: segment, hash, decontaminate and measure every request (datasets.map, num_proc).
+
+The map adds only small columns (cut offsets, counts, codes), so the pass
+stays cheap in memory however many requests there are.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from data_builders.decontamination import DecontaminationIndex, normalise, stable_hash
+from data_builders.segmentation import segment_request
+from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, build_messages, render_prompt
+
+# contamination codes stored per request
+CLEAN, EXACT, NGRAM = 0, 1, 2
+CONTAMINATION_REASONS = {EXACT: "contaminated_exact", NGRAM: "contaminated_ngram"}
+
+
+def cut_offsets(request: str) -> list[int]:
+    """End offset of each segment; S_i = request[: offsets[i - 1]]."""
+    ends, total = [], 0
+    for segment in segment_request(request):
+        total += len(segment)
+        ends.append(total)
+    return ends
+
+
+def analyse_batch(
+    batch: dict[str, list[Any]],
+    index: DecontaminationIndex,
+    tokenizer: Any | None,
+    chat: bool,
+) -> dict[str, list[Any]]:
+    """Per request: segment ends, normalised-text hash, contamination code, token counts."""
+    requests, references = batch["request"], batch["reference"]
+    cuts = [cut_offsets(r) for r in requests]
+    codes = []
+    for request, reference in zip(requests, references):
+        reason = index.check(request, reference)
+        codes.append(EXACT if reason == "contaminated_exact" else NGRAM if reason else CLEAN)
+    out = {
+        "cuts": cuts,
+        "num_segments": [len(c) for c in cuts],
+        "norm_hash": [stable_hash(normalise(r)) for r in requests],
+        "contamination": codes,
+    }
+    if tokenizer is not None:
+        out["request_tokens"] = prompt_lengths(tokenizer, requests, chat)
+        out["reference_tokens"] = text_lengths(tokenizer, [r or "" for r in references])
+    return out
+
+
+def prompt_lengths(tokenizer: Any, queries: list[str], chat: bool) -> list[int]:
+    """Tokens of what the model reads: the templated chat prompt (AR) or the bare query."""
+    if chat:
+        queries = [
+            render_prompt(tokenizer, build_messages(q, system=INCOMPLETE_REQUEST_SYSTEM)) for q in queries
+        ]
+    return text_lengths(tokenizer, queries)
+
+
+def text_lengths(tokenizer: Any, texts: list[str]) -> list[int]:
+    if not texts:
+        return []
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]

@@ -1,0 +1,263 @@
+"""One build: sources -> eligible requests -> chosen requests -> answers -> pairs -> dataset on disk.
+
+Each pass keeps its result in the work directory (the collected requests,
+the analysed columns, the answer cache), so a killed build resumes where it
+stopped; the output directory is replaced atomically at the very end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from datasets import Dataset, DatasetDict, DatasetInfo
+from omegaconf import OmegaConf
+
+from data_builders.analyse import analyse_batch
+from data_builders.answer_cache import AnswerCache
+from data_builders.card import length_stats, render_card
+from data_builders.collect import collect, collect_key
+from data_builders.config import BuildConfig
+from data_builders.decontamination import DecontaminationIndex, build_index
+from data_builders.generation import GenerationSettings, cache_path, greedy_answers
+from data_builders.pairs import STAT_COLUMNS, expand_batch
+from data_builders.paths import resolve
+from data_builders.report import Report
+from data_builders.select import Selection, choose, column, eligible_rows
+from data_builders.sources import SOURCES
+from headstart.config import RecipeError
+
+
+def validate(config: BuildConfig) -> None:
+    """Reject settings that cannot work, naming the key."""
+    choices = {
+        "format": (config.format, ("ar", "refusion")),
+        "pairs": (config.pairs, ("prefix_to_answer", "draft_refinement")),
+        "answers": (config.answers, ("reference", "self")),
+        "generation.backend": (config.generation.backend, ("auto", "transformers", "vllm")),
+        "decontamination.on_missing": (config.decontamination.on_missing, ("error", "skip")),
+    }
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise RecipeError(f"{key}={value!r}; choose one of {', '.join(allowed)}")
+    if config.pairs == "draft_refinement" and config.format != "refusion":
+        raise RecipeError("pairs=draft_refinement needs format=refusion")
+    unknown = [s for s in config.sources if s not in SOURCES]
+    if not config.sources or unknown:
+        raise RecipeError(f"sources: unknown {unknown or 'empty list'}; known: {', '.join(SOURCES)}")
+    if not 0 <= config.validation_fraction < 1:
+        raise RecipeError("validation_fraction must be in [0, 1)")
+    if config.num_proc < 1 or config.generation.batch_size < 1:
+        raise RecipeError("num_proc and generation.batch_size must be at least 1")
+
+
+def output_paths(config: BuildConfig) -> tuple[Path, Path]:
+    output = Path(config.output_dir or f"outputs/data/{config.name}")
+    return output, Path(config.work_dir or f"{output}.work")
+
+
+def _needs_model(config: BuildConfig) -> bool:
+    return config.answers == "self" or config.pairs == "draft_refinement"
+
+
+def tokenizer_name(config: BuildConfig) -> str | None:
+    """The configured tokenizer; else the model's when tokens are capped or a model is used anyway."""
+    if config.tokenizer:
+        return config.tokenizer
+    return config.model if config.caps.max_tokens > 0 or _needs_model(config) else None
+
+
+def build(config: BuildConfig, command: str = "python -m data_builders") -> Path:
+    """Run every pass and return the output directory."""
+    validate(config)
+    output, work = output_paths(config)
+    report = Report()
+    requests = collect(config, work, report)
+    tokenizer = _load_tokenizer(tokenizer_name(config))
+    index = _index(config, report)
+    analysed = _analyse(requests, config, work, index, tokenizer)
+    rows = eligible_rows(analysed, config, _token_budget(analysed, config), report)
+    selection = choose(rows, column(analysed, "num_segments"), config, report)
+    answers, drafts = _answers(analysed, selection, config, work)
+    report.drop("empty_answer", sum(1 for a in answers.values() if not a.strip()))
+    splits = {"train": _expand(analysed, selection.train, selection, answers, drafts, config, tokenizer, work, "train", report)}
+    if selection.validation:
+        splits["validation"] = _expand(
+            analysed, selection.validation, selection, answers, drafts, config, tokenizer, work, "validation", report
+        )
+    else:  # an empty split keeps the train columns
+        splits["validation"] = splits["train"].select([])
+        report.splits["validation"] = {"requests": 0, "rows": 0}
+    if tokenizer is not None:
+        report.tokens["tokenizer"] = tokenizer_name(config)
+    _save(DatasetDict(splits), config, report, output, command)
+    if not config.keep_work_dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return output
+
+
+def _load_tokenizer(name: str | None) -> Any | None:
+    if name is None:
+        return None
+    from headstart.models import load_tokenizer
+
+    return load_tokenizer(name)
+
+
+def _index(config: BuildConfig, report: Report) -> DecontaminationIndex:
+    settings = config.decontamination
+    index, skipped = build_index(
+        settings.benchmarks, resolve(settings.data_dir), settings.extra_files, settings.ngram, settings.on_missing
+    )
+    report.decontamination = {"ngram": settings.ngram, "texts": index.texts_per_benchmark, "skipped": skipped}
+    return index
+
+
+def _key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _analyse(requests: Dataset, config: BuildConfig, work: Path, index: DecontaminationIndex, tokenizer) -> Dataset:
+    index_id = [len(index.exact), len(index.ngrams), sum(index.exact) % (1 << 61), index.n]
+    key = _key("analyse", collect_key(config), index_id, tokenizer_name(config), config.format)
+    return requests.map(
+        analyse_batch,
+        batched=True,
+        num_proc=_procs(config, len(requests)),
+        fn_kwargs={"index": index, "tokenizer": tokenizer, "chat": config.format == "ar"},
+        new_fingerprint=key,
+        cache_file_name=str(work / f"analysed-{key}.arrow"),
+        desc="segment, hash, decontaminate",
+    )
+
+
+def _procs(config: BuildConfig, rows: int) -> int | None:
+    procs = min(config.num_proc, max(rows, 1))
+    return procs if procs > 1 else None
+
+
+def _token_budget(analysed: Dataset, config: BuildConfig) -> np.ndarray | None:
+    """Upper bound of prompt + draft + answer tokens per request, known before any generation."""
+    if config.caps.max_tokens <= 0 or "request_tokens" not in analysed.column_names:
+        return None
+    budget = column(analysed, "request_tokens").astype(np.int64)
+    generated = config.generation.max_new_tokens
+    budget += generated if config.answers == "self" else column(analysed, "reference_tokens")
+    return budget + (generated if config.pairs == "draft_refinement" else 0)
+
+
+def _answers(analysed: Dataset, selection: Selection, config: BuildConfig, work: Path):
+    """Answers per chosen row, and drafts per (row, i) for draft-refinement."""
+    chosen = selection.validation + selection.train
+    subset = analysed.select(chosen)
+    settings = GenerationSettings(
+        model=config.model,
+        max_new_tokens=config.generation.max_new_tokens,
+        batch_size=config.generation.batch_size,
+        backend=config.generation.backend,
+        device=config.generation.device,
+    )
+    cache = AnswerCache(cache_path(work, config.model), [resolve(p) for p in config.generation.cache_files])
+    requests = subset["request"]
+    if config.answers == "self":
+        texts = greedy_answers(list(requests), settings, cache, desc="self-distil answers")
+    else:
+        texts = [r or "" for r in subset["reference"]]
+    answers = dict(zip(chosen, texts))
+    if config.pairs != "draft_refinement":
+        return answers, None
+    wanted = [(row, i, req[: cuts[i - 2]]) for row, req, cuts in zip(chosen, requests, subset["cuts"])
+              for i in selection.prefixes[row] if i > 1]
+    texts = greedy_answers([w[2] for w in wanted], settings, cache, desc="drafts for S_(i-1)")
+    return answers, {(row, i): text for (row, i, _), text in zip(wanted, texts)}
+
+
+def _expand(analysed, chosen, selection, answers, drafts, config, tokenizer, work, split, report) -> Dataset:
+    subset = analysed.select(chosen)
+    expanded = subset.map(
+        expand_batch,
+        batched=True,
+        with_indices=True,
+        num_proc=_procs(config, len(chosen)),
+        remove_columns=subset.column_names,
+        fn_kwargs={
+            "rows": chosen,
+            "prefixes": {row: selection.prefixes[row] for row in chosen},
+            "answers": {row: answers[row] for row in chosen},
+            "drafts": drafts,
+            "fmt": config.format,
+            "answer_kind": config.answers,
+            "tokenizer": tokenizer,
+        },
+        new_fingerprint=_key("expand", split, config.seed, len(chosen)),
+        cache_file_name=str(work / f"pairs-{split}.arrow"),
+        load_from_cache_file=False,
+        desc=f"pairs ({split})",
+    )
+    kept = sum(1 for row in chosen if answers[row].strip())
+    report.splits[split] = {"requests": kept, "rows": len(expanded)}
+    return _finish_split(expanded, config, report, split)
+
+
+def _finish_split(expanded: Dataset, config: BuildConfig, report: Report, split: str) -> Dataset:
+    """Move token counts into the report and give the split a content-derived fingerprint."""
+    stats = [c for c in STAT_COLUMNS if c in expanded.column_names]
+    if stats:
+        report.tokens.setdefault("splits", {})[split] = {
+            c.strip("_"): length_stats(column(expanded, c)) for c in stats
+        }
+        expanded = expanded.remove_columns(stats)
+    # The cache file's path would enter the fingerprint; the inputs and config identify the data.
+    fingerprint = _key("split", split, asdict(config), report.inputs)
+    return Dataset(expanded.data, info=DatasetInfo(features=expanded.features), split=split, fingerprint=fingerprint)
+
+
+def _save(splits: DatasetDict, config: BuildConfig, report: Report, output: Path, command: str) -> None:
+    partial = output.with_name(output.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    splits.save_to_disk(str(partial))
+    config_yaml = OmegaConf.to_yaml(OmegaConf.structured(config))
+    (partial / "config.yaml").write_text(config_yaml)
+    (partial / "report.json").write_text(report.to_json() + "\n")
+    (partial / "README.md").write_text(
+        render_card(config.name, config.format, config.pairs, config.answers, report, config_yaml, command)
+    )
+    _write_preview(splits["train"], partial / "preview.jsonl", config.preview_rows)
+    if output.exists():
+        stale = output.with_name(output.name + ".old")
+        shutil.rmtree(stale, ignore_errors=True)
+        os.replace(output, stale)
+        shutil.rmtree(stale)
+    os.replace(partial, output)
+
+
+def _write_preview(dataset: Dataset, path: Path, rows: int) -> None:
+    with path.open("w", encoding="utf-8") as handle:
+        for row in dataset.select(range(min(rows, len(dataset)))):
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def command_line(argv: list[str]) -> str:
+    return " ".join(["python -m data_builders", *argv]) if argv else "python -m data_builders"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from headstart.config import load_config
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        config = load_config(BuildConfig, argv)
+        output = build(config, command_line(argv))
+    except (RecipeError, FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"saved {output}")
+    print((output / "README.md").read_text().split("## Inputs")[0].rstrip())
+    return 0

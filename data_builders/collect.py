@@ -1,0 +1,119 @@
+"""Pass 1: stream every source, validate rows, keep eligible requests in an Arrow file.
+
+The output is written batch by batch (bounded memory for 1M rows), atomically,
+under a key of the inputs and the filters, so a resumed build skips this pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+from datasets import Dataset
+from tqdm import tqdm
+
+from data_builders.config import BuildConfig, SourceSpec
+from data_builders.paths import resolve
+from data_builders.readers import RawRow, file_stamp, iter_file, iter_hub
+from data_builders.report import Report
+from data_builders.sources import SOURCES, Limits, Request
+
+SCHEMA = pa.schema(
+    [("source", pa.string()), ("source_id", pa.string()), ("request", pa.string()), ("reference", pa.string())]
+)
+BATCH_ROWS = 4096
+
+
+def source_spec(config: BuildConfig, name: str) -> SourceSpec:
+    if name not in SOURCES:
+        raise ValueError(f"sources: unknown source {name!r}; known: {', '.join(SOURCES)}")
+    return getattr(config, name)
+
+
+def collect_key(config: BuildConfig) -> str:
+    """Identity of pass 1: source locations (with file size and mtime) and the row filters."""
+    parts = []
+    for name in config.sources:
+        spec = source_spec(config, name)
+        where = file_stamp(resolve(spec.path)) if spec.path and resolve(spec.path).is_file() else str(spec)
+        parts.append([name, where, spec.max_rows])
+    parts.append([config.filters.languages, config.filters.max_request_chars, config.filters.max_answer_chars])
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def collect(config: BuildConfig, work_dir: Path, report: Report) -> Dataset:
+    """The eligible requests of all sources, memory-mapped from `work_dir`."""
+    key = collect_key(config)
+    arrow, stats = work_dir / f"requests-{key}.arrow", work_dir / f"requests-{key}.json"
+    if arrow.is_file() and stats.is_file():
+        saved = json.loads(stats.read_text())
+        report.inputs, report.rows_read, report.read_drops = saved["inputs"], saved["rows_read"], saved["read_drops"]
+        return Dataset.from_file(str(arrow))
+    _check_locations(config)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    partial = arrow.with_name(arrow.name + ".partial")
+    with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+        for name in config.sources:
+            _collect_source(config, name, writer, report)
+    os.replace(partial, arrow)
+    saved = {"inputs": report.inputs, "rows_read": report.rows_read, "read_drops": report.read_drops}
+    stats.write_text(json.dumps(saved, indent=1, sort_keys=True))
+    return collect(config, work_dir, report)  # read back: a resumed build then reports identically
+
+
+def _check_locations(config: BuildConfig) -> None:
+    """Fail before any work when a configured file is missing, naming the key."""
+    for name in config.sources:
+        spec = source_spec(config, name)
+        if spec.path and not resolve(spec.path).is_file():
+            raise FileNotFoundError(f"{name}.path: input file not found: {spec.path}")
+        if not spec.path and not (spec.hub_id or SOURCES[name].hub_id):
+            raise ValueError(f"{name}: no {name}.path given and the source has no hub id")
+
+
+def _collect_source(config: BuildConfig, name: str, writer: pa.ipc.RecordBatchStreamWriter, report: Report) -> None:
+    spec, info = source_spec(config, name), SOURCES[name]
+    limits = Limits(config.filters.max_request_chars, config.filters.max_answer_chars, tuple(config.filters.languages))
+    fingerprint: dict[str, str] = {}
+    rows, location = _rows(spec, info, fingerprint)
+    drops: Counter = Counter()
+    batch: list[Request] = []
+    read = 0
+    for raw in tqdm(rows, desc=f"read {name}", unit="row", mininterval=1.0):
+        read += 1
+        result = info.adapter(raw.data, raw.number, limits) if raw.error is None else raw.error
+        if isinstance(result, Request):
+            batch.append(result)
+        else:
+            drops[result] += 1
+        if len(batch) >= BATCH_ROWS:
+            _write(writer, batch)
+        if spec.max_rows and read >= spec.max_rows:
+            break
+    if hasattr(rows, "close"):
+        rows.close()  # lets the reader finish the file hash
+    _write(writer, batch)
+    report.rows_read[name] = read
+    report.read_drops[name] = dict(sorted(drops.items()))
+    report.inputs.append({"source": name, "location": location, **fingerprint})
+
+
+def _rows(spec: SourceSpec, info, fingerprint: dict[str, str]) -> tuple[Iterator[RawRow], str]:
+    if spec.path:
+        return iter_file(resolve(spec.path), fingerprint), spec.path
+    hub_id, split = spec.hub_id or info.hub_id, spec.split or info.split
+    fingerprint["hub"] = f"{hub_id} config={info.hub_config} split={split}"
+    return iter_hub(hub_id, split, info.hub_config), f"hub:{hub_id}"
+
+
+def _write(writer: pa.ipc.RecordBatchStreamWriter, batch: list[Request]) -> None:
+    if not batch:
+        return
+    columns = {f: [getattr(r, f) for r in batch] for f in SCHEMA.names}
+    writer.write_batch(pa.RecordBatch.from_pydict(columns, schema=SCHEMA))
+    batch.clear()

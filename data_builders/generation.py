@@ -1,0 +1,112 @@
+"""Greedy answers of a base model, in fixed batches, cached on disk.
+
+Batches are fixed slices of the sorted prompt list, so a resumed run pads every
+batch exactly as the uninterrupted run did and produces the same tokens. vLLM
+is used when it is installed and a GPU is present; transformers otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from data_builders.answer_cache import AnswerCache, answer_key
+from headstart.prompts import build_messages, render_prompt
+
+Generate = Callable[[list[str]], list[str]]
+
+
+@dataclass
+class GenerationSettings:
+    model: str
+    max_new_tokens: int
+    batch_size: int
+    backend: str = "auto"
+    device: str | None = None
+
+
+def greedy_answers(requests: list[str], settings: GenerationSettings, cache: AnswerCache, desc: str) -> list[str]:
+    """The base model's greedy answer to each request (a plain user turn, no system message)."""
+    tokenizer = _tokenizer(settings.model)
+    prompts = [render_prompt(tokenizer, build_messages(r)) for r in requests]
+    keys = [answer_key(settings.model, p, settings.max_new_tokens) for p in prompts]
+    unique = sorted(dict(zip(keys, prompts)).items(), key=lambda kv: (len(kv[1]), kv[0]))
+    generate: Generate | None = None
+    batches = [unique[i : i + settings.batch_size] for i in range(0, len(unique), settings.batch_size)]
+    for batch in tqdm(batches, desc=desc, unit="batch"):
+        if all(key in cache for key, _ in batch):
+            continue
+        generate = generate or _backend(settings)
+        outputs = generate([prompt for _, prompt in batch])
+        cache.add([{"key": k, "model": settings.model, "answer": a} for (k, _), a in zip(batch, outputs)])
+    return [cache.get(key) for key in keys]
+
+
+_TOKENIZERS: dict = {}
+
+
+def _tokenizer(model: str):
+    if model not in _TOKENIZERS:
+        from headstart.models import load_tokenizer
+
+        _TOKENIZERS[model] = load_tokenizer(model)
+    return _TOKENIZERS[model]
+
+
+def _backend(settings: GenerationSettings) -> Generate:
+    backend = settings.backend
+    if backend == "auto":
+        has_vllm = importlib.util.find_spec("vllm") is not None
+        backend = "vllm" if has_vllm and torch.cuda.is_available() else "transformers"
+    if backend == "vllm":
+        return _vllm_backend(settings)
+    if backend == "transformers":
+        return _transformers_backend(settings)
+    raise ValueError(f"generation.backend must be auto, transformers or vllm, not {backend!r}")
+
+
+def _transformers_backend(settings: GenerationSettings) -> Generate:
+    from headstart.models import load_model
+
+    loaded = load_model(settings.model, device=settings.device)
+    tokenizer, model = loaded.tokenizer, loaded.model
+    tokenizer.padding_side = "left"  # decoding continues from the right edge
+
+    @torch.inference_mode()
+    def generate(prompts: list[str]) -> list[str]:
+        batch = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt").to(model.device)
+        output = model.generate(
+            **batch,
+            max_new_tokens=settings.max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+        new_tokens = output[:, batch["input_ids"].shape[1] :]
+        return [tokenizer.decode(t, skip_special_tokens=True).strip() for t in new_tokens]
+
+    return generate
+
+
+def _vllm_backend(settings: GenerationSettings) -> Generate:
+    from vllm import LLM, SamplingParams
+
+    from headstart.models import resolve_model_dir
+
+    llm = LLM(model=resolve_model_dir(settings.model))
+    params = SamplingParams(temperature=0.0, max_tokens=settings.max_new_tokens)
+
+    def generate(prompts: list[str]) -> list[str]:
+        return [out.outputs[0].text.strip() for out in llm.generate(prompts, params, use_tqdm=False)]
+
+    return generate
+
+
+def cache_path(work_dir: Path, model: str) -> Path:
+    """The writable cache of one model inside a build's work directory."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)[-80:]
+    return Path(work_dir) / f"answers-{safe}.jsonl"

@@ -1,0 +1,68 @@
+"""Pass 4: expand chosen requests into training rows (datasets.map, batched, num_proc).
+
+prefix-to-answer: one row per kept prefix S_i with the answer to the complete
+request. draft-refinement adds `draft`, the model's answer to S_{i-1} ("" for
+i = 1). AR rows are TRL conversational `messages`; ReFusion rows are
+`query`/`response`. Every row carries its provenance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from data_builders.analyse import prompt_lengths, text_lengths
+from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
+
+PROVENANCE = ["source", "source_id", "prefix_index", "num_segments", "answer_kind"]
+STAT_COLUMNS = ["_prompt_tokens", "_answer_tokens", "_draft_tokens"]
+
+
+def expand_batch(
+    batch: dict[str, list[Any]],
+    indices: list[int],
+    rows: list[int],
+    prefixes: dict[int, list[int]],
+    answers: dict[int, str],
+    drafts: dict[tuple[int, int], str] | None,
+    fmt: str,
+    answer_kind: str,
+    tokenizer: Any | None,
+) -> dict[str, list[Any]]:
+    """Rows for one batch of chosen requests; `indices` are positions in `rows`."""
+    out: dict[str, list[Any]] = {k: [] for k in PROVENANCE}
+    queries, responses, draft_texts = [], [], []
+    for k, position in enumerate(indices):
+        row = rows[position]
+        answer = answers[row]
+        if not answer.strip():
+            continue  # empty answers are excluded (PROTOCOL); counted by the builder
+        request, cuts = batch["request"][k], batch["cuts"][k]
+        for i in prefixes[row]:
+            queries.append(request[: cuts[i - 1]])
+            responses.append(answer)
+            if drafts is not None:
+                draft_texts.append(drafts[(row, i)] if i > 1 else "")
+            out["source"].append(batch["source"][k])
+            out["source_id"].append(batch["source_id"][k])
+            out["prefix_index"].append(i)
+            out["num_segments"].append(len(cuts))
+            out["answer_kind"].append(answer_kind)
+    if fmt == "ar":
+        out["messages"] = [_messages(q, a) for q, a in zip(queries, responses)]
+    else:
+        out["query"], out["response"] = queries, responses
+        if drafts is not None:
+            out["draft"] = draft_texts
+    if tokenizer is not None:
+        out["_prompt_tokens"] = prompt_lengths(tokenizer, queries, chat=fmt == "ar")
+        out["_answer_tokens"] = text_lengths(tokenizer, responses)
+        out["_draft_tokens"] = text_lengths(tokenizer, draft_texts) if drafts is not None else [0] * len(queries)
+    return out
+
+
+def _messages(query: str, answer: str) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": INCOMPLETE_REQUEST_SYSTEM},
+        {"role": "user", "content": query},
+        {"role": "assistant", "content": answer},
+    ]

