@@ -1,0 +1,131 @@
+"""data_builders with a model in the loop: self-distilled answers, drafts, and resume after a kill.
+
+Tiny random models stand in for the base model; they decode fast enough to
+build a few dozen answers in seconds and are as deterministic as a real one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from datasets import load_from_disk
+
+from data_builders.answer_cache import AnswerCache, answer_key
+from data_builders.build import build
+from data_builders.config import BuildConfig
+from data_builders.generation import cache_path
+from data_builders.report import Report
+from data_builders.segmentation import segment_request
+from headstart.config import load_config
+from headstart.prompts import build_messages, render_prompt
+from headstart.segment import prefixes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tree_bytes(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def embedded_args(output: Path, model: Path, *extra: str) -> list[str]:
+    return [
+        "recipe=embedded_prefix",
+        f"output_dir={output}",
+        f"model={model}",
+        "generation.cache_files=[]",  # the shipped SmolLM2 answers do not apply to a tiny model
+        "generation.max_new_tokens=24",
+        "decontamination.benchmarks=[humaneval]",
+        *extra,
+    ]
+
+
+def cached_answer(work: Path, model: Path, tokenizer, request: str, max_new_tokens: int) -> str:
+    cache = AnswerCache(cache_path(work, str(model)))
+    prompt = render_prompt(tokenizer, build_messages(request))
+    return cache.get(answer_key(str(model), prompt, max_new_tokens))
+
+
+def test_self_distilled_ar_pairs(tmp_path, tiny_qwen3_dir, tiny_tokenizer):
+    output = build(load_config(BuildConfig, embedded_args(tmp_path / "out", tiny_qwen3_dir, "caps.max_pairs=30")))
+    data = load_from_disk(str(output))
+    rows = list(data["train"]) + list(data["validation"])
+    assert len(rows) == 30 and {r["answer_kind"] for r in rows} == {"self"}
+    requests = {json.loads(l)["id"]: json.loads(l)["request"] for l in (ROOT / "data_builders/embedded/requests.jsonl").open()}
+    for row in rows:
+        request = requests[row["source_id"]]
+        assert row["messages"][1]["content"] == prefixes(segment_request(request))[row["prefix_index"] - 1]
+        # the answer is the model's greedy answer to the complete request, whatever prefix is shown
+        assert row["messages"][2]["content"] == cached_answer(tmp_path / "out.work", tiny_qwen3_dir, tiny_tokenizer, request, 24)
+
+
+def test_draft_refinement_triples(tmp_path, tiny_llama_dir, tiny_tokenizer, shared_data_dir):
+    args = [
+        "recipe=code_draft_refinement",
+        f"output_dir={tmp_path / 'out'}",
+        f"model={tiny_llama_dir}",
+        f"magicoder.path={shared_data_dir / 'code_sft/magicoder_oss_instruct_75k_sample500.jsonl'}",
+        "sources=[magicoder]",
+        "magicoder.max_rows=40",
+        "caps.max_pairs=24",
+        "caps.max_pairs_per_request=3",
+        "generation.max_new_tokens=16",
+        "num_proc=1",
+        "decontamination.benchmarks=[humaneval]",
+    ]
+    output = build(load_config(BuildConfig, args))
+    data = load_from_disk(str(output))
+    rows = list(data["train"]) + list(data["validation"])
+    assert len(rows) == 24
+    assert set(data["train"].column_names) >= {"query", "draft", "response", "source_id", "prefix_index"}
+    problems = {str(r["index"]): r for r in map(json.loads, (shared_data_dir / "code_sft/magicoder_oss_instruct_75k_sample500.jsonl").open())}
+    for row in rows:
+        problem = problems[row["source_id"]]
+        steps = prefixes(segment_request(problem["problem"]))
+        assert row["query"] == steps[row["prefix_index"] - 1] and row["response"] == problem["solution"]
+        if row["prefix_index"] == 1:
+            assert row["draft"] == ""
+        else:
+            previous = steps[row["prefix_index"] - 2]
+            assert row["draft"] == cached_answer(tmp_path / "out.work", tiny_llama_dir, tiny_tokenizer, previous, 16)
+
+
+def _cache_lines(path: Path) -> int:
+    return len(path.read_bytes().splitlines()) if path.is_file() else 0
+
+
+def test_resume_after_killed_build_gives_the_same_bytes(tmp_path, tiny_qwen3_dir):
+    output = tmp_path / "out"
+    args = embedded_args(output, tiny_qwen3_dir, "generation.batch_size=1", "generation.max_new_tokens=48")
+    # reference: one uninterrupted build, then its output is moved away and its work dir removed
+    build(load_config(BuildConfig, args))
+    shutil.move(output, tmp_path / "reference")
+    shutil.rmtree(tmp_path / "out.work")
+
+    cache = cache_path(tmp_path / "out.work", str(tiny_qwen3_dir))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "data_builders", *args], cwd=ROOT, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while _cache_lines(cache) < 3 and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done_before_kill = _cache_lines(cache)
+    assert process.returncode == -signal.SIGKILL and 3 <= done_before_kill < 36
+    assert not output.exists()  # nothing half-written where the trainer looks
+
+    build(load_config(BuildConfig, args))
+    assert tree_bytes(tmp_path / "reference") == tree_bytes(output)
+    # answers finished before the kill were reused, not generated again
+    assert len(AnswerCache(cache).answers) == _cache_lines(cache) == 36
+    assert Report.load(output / "report.json").splits["train"]["rows"] > 0
