@@ -12,6 +12,7 @@ whose sentences and `>>>` example blocks are segments of their own.
 from __future__ import annotations
 
 import io
+import itertools
 import re
 import tokenize
 
@@ -162,3 +163,28 @@ def prefixes(segments: list[str]) -> list[str]:
         known += segment
         out.append(known)
     return out
+
+
+_FENCED_BLOCK = re.compile(r"^```[^\n]*\n.*?^```[ \t]*(?:\n|\Z)", re.MULTILINE | re.DOTALL)
+
+
+def segment_request(text: str) -> list[str]:
+    """A chat request with optional fenced code: prose by sentence, each fenced
+    block by `segment_code`, fence lines attached to the code they enclose."""
+    segments: list[str] = []
+    position = 0
+    for block in _FENCED_BLOCK.finditer(text):
+        segments += segment_text(text[position : block.start()])
+        segments += _segment_fenced(block.group(0))
+        position = block.end()
+    segments += segment_text(text[position:])
+    return _cut("".join(segments), set(itertools.accumulate(len(s) for s in segments)))
+
+
+def _segment_fenced(block: str) -> list[str]:
+    opening_end = block.index("\n") + 1
+    closing_start = block.rstrip("\n").rfind("\n") + 1
+    code = segment_code(block[opening_end:closing_start]) or [""]
+    code[0] = block[:opening_end] + code[0]
+    code[-1] += block[closing_start:]
+    return code

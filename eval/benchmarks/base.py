@@ -1,0 +1,39 @@
+"""What every benchmark provides: streamable requests and a scorer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass
+class Request:
+    """One evaluation request: the final user turn as segments, after `history`."""
+
+    request_id: str
+    segments: list[str]
+    history: list[dict[str, str]] = field(default_factory=list)
+    reference: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.segments)
+
+
+@dataclass
+class Score:
+    """Quality of one answer: `passed` for executed tests, `value` in [0, 1]."""
+
+    value: float
+    passed: bool | None = None
+    detail: str = ""
+
+
+class Benchmark(Protocol):
+    """A benchmark loads its requests (n >= 2 segments only) and scores answers."""
+
+    name: str
+
+    def load(self, limit: int | None = None) -> list[Request]: ...
+
+    def score(self, request: Request, answer: str) -> Score: ...

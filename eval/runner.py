@@ -1,0 +1,193 @@
+"""Run a streaming evaluation: per-request records appended as they finish,
+a rerun resumes where the last one stopped, then the summary and its table."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from eval.acceptance import AcceptanceRule
+from eval.ar_engine import AREngine
+from eval.benchmarks import Request, get_benchmark
+from eval.config import EvalConfig
+from eval.fast_path import batched_greedy, final_update, update_costs
+from eval.metrics import running_medians, summarize
+from eval.report import markdown_table
+from headstart.config import config_to_dict, dump_config
+from headstart.models import LoadedModel, load_model
+from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, build_messages, encode_prompt
+from headstart.segment import prefixes
+
+# Settings that change the numbers: a resumed run must match on all of them.
+RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "acceptance", "max_new_tokens", "system_prompt", "dtype")
+
+
+class StreamingEvaluator:
+    """Evaluates requests one at a time with the AR engine, baseline included."""
+
+    def __init__(self, loaded: LoadedModel, config: EvalConfig) -> None:
+        self.loaded = loaded
+        self.config = config
+        self.rule = AcceptanceRule.parse(config.acceptance)
+        if config.engine not in ("auto", "fast", "stepwise"):
+            raise ValueError(f"engine must be 'auto', 'fast' or 'stepwise', not {config.engine!r}")
+        if config.engine == "fast" and not self.rule.lossless:
+            raise ValueError("engine=fast needs acceptance=greedy: only then is each draft the greedy answer")
+        self.fast = config.engine == "fast" or (config.engine == "auto" and self.rule.lossless)
+        self.engine = AREngine(loaded.model, eos_token_ids(loaded), config.max_new_tokens, self.rule)
+        self.system = system_message(config.system_prompt)
+
+    def prompts(self, request: Request) -> list[list[int]]:
+        """Token ids of the templated prompt after each segment S_1..S_n."""
+        tokenizer, family = self.loaded.tokenizer, self.loaded.family
+        return [
+            encode_prompt(tokenizer, build_messages(known, request.history, self.system), family)
+            for known in prefixes(request.segments)
+        ]
+
+    def warm_up(self, request: Request) -> None:
+        """One untimed decode so that wall clock is measured on a warm model."""
+        state = self.engine.new_state()
+        self.engine.forward(state, self.prompts(request)[-1], phase=None)
+
+    def evaluate(self, request: Request) -> dict[str, Any]:
+        """Stream one request and decode its baseline; the record of both."""
+        prompts = self.prompts(request)
+        if self.fast:
+            drafts = batched_greedy(
+                self.loaded.model, prompts[:-1], self.loaded.tokenizer.pad_token_id,
+                self.engine.eos_token_ids, self.config.max_new_tokens, self.config.fast_batch_size,
+            )
+            drafting_forwards = sum(update_costs(drafts))
+            final = final_update(self.engine, prompts, drafts[-1])
+        else:
+            stream = self.engine.stream(prompts)
+            drafting_forwards, final = stream.drafting_forwards, stream.final
+        baseline = self.engine.baseline(prompts[-1])
+        return self._record(request, baseline, final, drafting_forwards)
+
+    def _record(self, request: Request, baseline, final, drafting_forwards: int) -> dict[str, Any]:
+        decode = self.loaded.tokenizer.decode
+        base_answer = decode(baseline.answer, skip_special_tokens=True)
+        stream_answer = decode(final.answer, skip_special_tokens=True)
+        return {
+            "request_id": request.request_id,
+            "segments": request.segments,
+            "n_segments": len(request.segments),
+            "base_answer": base_answer,
+            "stream_answer": stream_answer,
+            "base_tokens": len(baseline.answer),
+            "stream_tokens": len(final.answer),
+            "draft_tokens": final.draft_length,
+            "accepted_tokens": final.accepted,
+            "identical": baseline.answer == final.answer,
+            "baseline_forwards": baseline.forwards,
+            "residual_forwards": final.forwards,
+            "drafting_forwards": drafting_forwards,
+            "baseline_seconds": baseline.seconds,
+            "residual_seconds": final.seconds,
+            "engine": "fast" if self.fast else "stepwise",
+        }
+
+
+def eos_token_ids(loaded: LoadedModel) -> set[int]:
+    """Every id that ends an answer: the tokenizer's EOS and the generation config's."""
+    ids = {loaded.tokenizer.eos_token_id}
+    configured = loaded.model.generation_config.eos_token_id
+    ids |= set(configured) if isinstance(configured, (list, tuple)) else {configured}
+    return {i for i in ids if i is not None}
+
+
+def system_message(setting: str) -> str | None:
+    """'model': no system message (the template's default); 'incomplete': ours."""
+    if setting == "model":
+        return None
+    if setting == "incomplete":
+        return INCOMPLETE_REQUEST_SYSTEM
+    return setting
+
+
+def default_output_dir(config: EvalConfig) -> Path:
+    model = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(config.adapter or config.model).name)
+    return Path("outputs") / "eval" / f"{config.benchmark}-{model}-{config.acceptance.replace(':', '')}"
+
+
+def run_evaluation(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str, Any]:
+    """Evaluate, appending to results.jsonl; returns the summary (also written)."""
+    output_dir = Path(config.output_dir) if config.output_dir else default_output_dir(config)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    _check_resumable(output_dir, config)
+    results_path = output_dir / "results.jsonl"
+    records = load_records(results_path)
+    benchmark = get_benchmark(config.benchmark, config.data_path)
+    requests = benchmark.load(config.limit)
+    done = {r["request_id"] for r in records}
+    todo = [r for r in requests if r.request_id not in done]
+    if todo:
+        loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
+        evaluator = StreamingEvaluator(loaded, config)
+        evaluator.warm_up(todo[0])
+        progress = tqdm(todo, desc=f"{config.benchmark} {config.acceptance}", initial=len(done), total=len(requests))
+        for request in progress:
+            record = evaluator.evaluate(request)
+            record |= _scores(benchmark, request, record)
+            _append(results_path, record)
+            records.append(record)
+            progress.set_postfix(running_medians(records))
+    wanted = {r.request_id for r in requests}
+    summary = summarize([r for r in records if r["request_id"] in wanted])
+    summary |= {"benchmark": config.benchmark, "model": config.model, "adapter": config.adapter, "acceptance": config.acceptance}
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    table = markdown_table({config.benchmark: summary})
+    (output_dir / "report.md").write_text(f"# Streaming evaluation ({config.acceptance})\n\n{table}\n")
+    print(f"\n{table}\n\nresults: {results_path}")
+    return summary
+
+
+def _scores(benchmark, request: Request, record: dict[str, Any]) -> dict[str, Any]:
+    """Score both answers; identical answers are executed once."""
+    base = benchmark.score(request, record["base_answer"])
+    stream = base if record["stream_answer"] == record["base_answer"] else benchmark.score(request, record["stream_answer"])
+    return {"base_score": base.value, "stream_score": stream.value, "base_status": base.detail, "stream_status": stream.detail}
+
+
+def load_records(path: Path) -> list[dict[str, Any]]:
+    """Finished records; a line cut short by a crash is dropped and rewritten away."""
+    if not path.exists():
+        return []
+    records, intact = [], True
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            intact = False
+    if not intact:
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _check_resumable(output_dir: Path, config: EvalConfig) -> None:
+    """Refuse to mix results of different settings in one directory."""
+    saved_path = output_dir / "config.json"
+    current = {k: v for k, v in config_to_dict(config).items() if k in RESULT_KEYS}
+    if saved_path.exists():
+        saved = json.loads(saved_path.read_text())
+        changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+        if changed:
+            detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
+            raise ValueError(f"{output_dir} holds results of other settings ({detail}); choose another output_dir")
+    saved_path.write_text(json.dumps(current, indent=2) + "\n")
+    dump_config(config, output_dir / "config.yaml")
