@@ -1,0 +1,1 @@
+"""Training: SFT of LoRA adapters on prefix-to-answer data (`train/sft.py`)."""

@@ -1,0 +1,132 @@
+"""The training recipe schema: what `recipes/train/*.yaml` may say.
+
+One dataclass per section, each field with a one-line help, in TRL's style. The
+loader (`headstart.config.load_config`) rejects keys that are not declared here.
+The defaults are the embedded CPU default (`smollm2_prefix`), so a bare
+`train/sft.py` run trains SmolLM2-135M in minutes without network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+OBJECTIVES = ("sft",)  # issue 5 adds "refusion" to the same schema
+
+
+@dataclass
+class ModelSection:
+    name_or_path: str = field(
+        default="smollm2", metadata={"help": "base model: embedded name (smollm2), hub id, local dir or .gguf file"}
+    )
+    dtype: str = field(default="auto", metadata={"help": "weights dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16"})
+    attn_implementation: str = field(default="sdpa", metadata={"help": "attention kernel passed to from_pretrained"})
+
+
+@dataclass
+class DataSection:
+    path: str = field(
+        default="outputs/data/embedded_prefix",
+        metadata={"help": "save_to_disk dir, .jsonl/.json/.parquet file, or hub id with a `messages` column"},
+    )
+    train_split: str = field(default="train", metadata={"help": "split to train on"})
+    eval_split: str | None = field(default="validation", metadata={"help": "split to evaluate on (skipped if absent)"})
+    max_train_samples: int | None = field(default=None, metadata={"help": "keep only the first N training rows"})
+    max_eval_samples: int | None = field(default=64, metadata={"help": "keep only the first N evaluation rows"})
+    system_message: str = field(
+        default="incomplete_request",
+        metadata={"help": "system turn: incomplete_request (the headstart message), dataset (keep rows'), or literal text"},
+    )
+
+
+@dataclass
+class LoraSection:
+    r: int = field(default=8, metadata={"help": "LoRA rank"})
+    alpha: int = field(default=16, metadata={"help": "LoRA alpha (scale = alpha / r)"})
+    dropout: float = field(default=0.05, metadata={"help": "dropout on the LoRA input"})
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        metadata={"help": "module names that get adapters (the attention projections)"},
+    )
+    target_regex: str | None = field(
+        default=None, metadata={"help": "full-name regex used instead of target_modules (e.g. text tower only)"}
+    )
+
+
+@dataclass
+class TrainingSection:
+    output_dir: str | None = field(default=None, metadata={"help": "run directory; default outputs/train/<recipe>"})
+    learning_rate: float = field(default=2e-4, metadata={"help": "peak learning rate"})
+    effective_batch_size: int = field(
+        default=8, metadata={"help": "sequences per optimizer step = world size x per-device batch x accumulation"}
+    )
+    per_device_train_batch_size: int = field(default=2, metadata={"help": "sequences per process per micro-step"})
+    max_length: int = field(default=512, metadata={"help": "tokens per sequence (longer ones are truncated)"})
+    max_steps: int = field(default=40, metadata={"help": "optimizer steps"})
+    lr_scheduler_type: str = field(default="cosine", metadata={"help": "transformers scheduler name"})
+    warmup_ratio: float = field(default=0.03, metadata={"help": "share of steps spent warming up"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm"})
+    seed: int = field(default=42, metadata={"help": "seed for initialisation, dropout and data order"})
+    bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; null = on with CUDA, off on CPU"})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations to save memory"})
+    packing: bool = field(default=False, metadata={"help": "pack sequences (bfd, padding-free) instead of padding"})
+    padding_free: bool = field(default=False, metadata={"help": "flatten each batch without pad tokens"})
+    logging_steps: int = field(default=1, metadata={"help": "log every N optimizer steps"})
+    save_steps: int = field(default=20, metadata={"help": "checkpoint every N optimizer steps"})
+    save_total_limit: int | None = field(default=2, metadata={"help": "checkpoints kept on disk"})
+    eval_steps: int = field(default=0, metadata={"help": "evaluate every N steps; 0 = never during training"})
+    report_to: list[str] = field(
+        default_factory=lambda: ["tensorboard", "wandb"], metadata={"help": "trackers: tensorboard, wandb, none"}
+    )
+    run_name: str | None = field(default=None, metadata={"help": "tracker run name; default <recipe>-<model>"})
+    resume: bool = field(default=True, metadata={"help": "continue from the last complete checkpoint in output_dir"})
+    merge: bool = field(default=True, metadata={"help": "also save the adapter merged into the base weights"})
+    dataloader_num_workers: int = field(default=0, metadata={"help": "data loader worker processes"})
+
+
+@dataclass
+class WandbSection:
+    project: str | None = field(default=None, metadata={"help": "W&B project; unset (and no WANDB_PROJECT) = offline run"})
+    entity: str | None = field(default=None, metadata={"help": "W&B entity (team or user)"})
+    tags: list[str] = field(default_factory=list, metadata={"help": "extra tags beside recipe, model and git commit"})
+
+
+@dataclass
+class TrainRecipe:
+    objective: str = field(default="sft", metadata={"help": f"training objective: {', '.join(OBJECTIVES)}"})
+    model: ModelSection = field(default_factory=ModelSection, metadata={"help": "base model"})
+    data: DataSection = field(default_factory=DataSection, metadata={"help": "conversational training data"})
+    lora: LoraSection = field(default_factory=LoraSection, metadata={"help": "PEFT LoRA adapter"})
+    training: TrainingSection = field(default_factory=TrainingSection, metadata={"help": "optimisation and checkpoints"})
+    wandb: WandbSection = field(default_factory=WandbSection, metadata={"help": "Weights & Biases run"})
+
+
+class RecipeValueError(ValueError):
+    """A recipe whose keys are valid but whose values cannot work together."""
+
+
+def validate(recipe: TrainRecipe) -> TrainRecipe:
+    """Reject values the schema's types cannot: unknown objective, bad batch split."""
+    if recipe.objective not in OBJECTIVES:
+        raise RecipeValueError(
+            f"objective {recipe.objective!r} is not implemented; available: {', '.join(OBJECTIVES)}"
+        )
+    t = recipe.training
+    for name in ("effective_batch_size", "per_device_train_batch_size", "max_length", "max_steps", "save_steps"):
+        if getattr(t, name) < 1:
+            raise RecipeValueError(f"training.{name} must be >= 1, got {getattr(t, name)}")
+    if recipe.model.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise RecipeValueError(f"model.dtype {recipe.model.dtype!r}: use auto, float32, bfloat16 or float16")
+    return recipe
+
+
+def accumulation_steps(recipe: TrainRecipe, world_size: int) -> int:
+    """Gradient accumulation that makes world x per-device x accumulation = effective batch."""
+    per_step = world_size * recipe.training.per_device_train_batch_size
+    if recipe.training.effective_batch_size % per_step:
+        raise RecipeValueError(
+            f"training.effective_batch_size={recipe.training.effective_batch_size} is not a multiple of "
+            f"world size {world_size} x per_device_train_batch_size "
+            f"{recipe.training.per_device_train_batch_size} = {per_step}"
+        )
+    return recipe.training.effective_batch_size // per_step

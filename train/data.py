@@ -1,0 +1,104 @@
+"""Training data: load a conversational dataset and tokenize it for answer-only loss.
+
+Rows hold a `messages` list (system, user prefix, assistant answer). The prompt
+is rendered by `headstart.prompts.render_prompt`, the same function evaluation
+uses, so the adapted model is trained on exactly the prompt it is tested on.
+The prompt and the answer are tokenized separately and concatenated: the
+boundary is exact (no token merges across it), and the model sees at training
+time the very prompt ids it is given at inference, followed by its answer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from transformers import PreTrainedTokenizerBase
+
+from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, Family, render_prompt
+
+FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def load_split(path: str, split: str) -> Dataset | None:
+    """One split of a dataset stored anywhere we accept; None when the split is absent."""
+    local = Path(path).expanduser()
+    if local.suffix in FILE_FORMATS:
+        if not local.is_file():
+            raise FileNotFoundError(f"data file not found: {path}")
+        # A single file holds one split: it is the training split, there is no other.
+        return load_dataset(FILE_FORMATS[local.suffix], data_files=str(local), split="train") if split == "train" else None
+    if local.is_dir():
+        stored = load_from_disk(str(local))
+        if isinstance(stored, DatasetDict):
+            return stored[split] if split in stored else None
+        return stored if split == "train" else None
+    if path.startswith((".", "/", "~")) or path.startswith("outputs/"):
+        raise FileNotFoundError(f"dataset not found: {path} (build it first, e.g. python -m data_builders)")
+    try:
+        return load_dataset(path, split=split)
+    except ValueError as error:  # datasets raises ValueError for an unknown split
+        if "split" in str(error).lower():
+            return None
+        raise
+
+
+def with_system(messages: list[dict[str, str]], system_message: str) -> list[dict[str, str]]:
+    """The dialogue with its system turn replaced as the recipe asks."""
+    if system_message == "dataset":
+        return messages
+    text = INCOMPLETE_REQUEST_SYSTEM if system_message == "incomplete_request" else system_message
+    rest = [m for m in messages if m["role"] != "system"]
+    return [{"role": "system", "content": text}] + rest
+
+
+def split_prompt_answer(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], family: Family
+) -> tuple[str, str]:
+    """(prompt text up to the answer, answer text with its end-of-turn markers)."""
+    if not messages or messages[-1]["role"] != "assistant":
+        raise ValueError("each training dialogue must end with an assistant turn")
+    prompt = render_prompt(tokenizer, messages[:-1], family, add_generation_prompt=True)
+    full = render_prompt(tokenizer, messages, family, add_generation_prompt=False)
+    if not full.startswith(prompt):
+        raise ValueError(
+            "the chat template renders the prompt differently with and without the answer; "
+            f"cannot find the answer boundary.\nprompt: {prompt[-200:]!r}\nfull: {full[-400:]!r}"
+        )
+    return prompt, full[len(prompt):]
+
+
+def tokenize_example(
+    example: dict, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str
+) -> dict[str, list[int]]:
+    """input_ids and completion_mask (1 on answer tokens) for one dialogue."""
+    messages = with_system(example["messages"], system_message)
+    prompt, answer = split_prompt_answer(tokenizer, messages, family)
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    return {"input_ids": prompt_ids + answer_ids, "completion_mask": [0] * len(prompt_ids) + [1] * len(answer_ids)}
+
+
+def tokenize_dataset(
+    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str
+) -> Dataset:
+    """Map a conversational dataset to TRL's pre-tokenized form (input_ids, completion_mask)."""
+    if "messages" not in dataset.column_names:
+        raise ValueError(f"training data needs a `messages` column; found {dataset.column_names}")
+    return dataset.map(
+        tokenize_example,
+        fn_kwargs={"tokenizer": tokenizer, "family": family, "system_message": system_message},
+        remove_columns=dataset.column_names,
+        desc="Tokenizing prompts and answers",
+    )
+
+
+def check_fits(dataset: Dataset, max_length: int, split: str) -> None:
+    """Fail clearly when truncation to `max_length` would leave no answer token to learn from."""
+    answer_starts = [mask.index(1) if 1 in mask else len(mask) for mask in dataset["completion_mask"]]
+    kept = sum(start < max_length for start in answer_starts)
+    if kept == 0:
+        raise ValueError(
+            f"no {split} example keeps an answer token within training.max_length={max_length}: "
+            f"the shortest prompt has {min(answer_starts)} tokens; raise training.max_length"
+        )

@@ -1,0 +1,207 @@
+"""Supervised fine-tuning of a LoRA adapter on prefix-to-answer dialogues.
+
+    accelerate launch train/sft.py recipe=qwen3_prefix [training.learning_rate=1e-4 ...]
+    accelerate launch --config_file recipes/accelerate/zero3.yaml train/sft.py recipe=qwen3_prefix
+
+Without `recipe=` the embedded default `smollm2_prefix` runs (SmolLM2-135M on CPU).
+The script reads top to bottom: recipe, run directory and trackers, tokenizer and
+data, TRL configuration, trainer, resume, training, adapter and merged model.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# `accelerate launch train/sft.py` puts train/ first on sys.path; import the
+# package from the repository root instead so `train.config` is unambiguous.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO_ROOT / "train"]
+sys.path.insert(0, str(REPO_ROOT))
+
+import torch  # noqa: E402
+from accelerate import PartialState  # noqa: E402
+from peft import LoraConfig  # noqa: E402
+from trl import SFTConfig, SFTTrainer  # noqa: E402
+
+from headstart.config import config_to_dict, dump_config, load_config  # noqa: E402
+from headstart.models import load_tokenizer, resolve_model_dir  # noqa: E402
+from headstart.prompts import detect_family  # noqa: E402
+from train.checkpoints import CompletenessMarker, StepDelay, last_complete_checkpoint  # noqa: E402
+from train.config import TrainRecipe, accumulation_steps, validate  # noqa: E402
+from train.data import check_fits, load_split, tokenize_dataset  # noqa: E402
+from train.tracking import ResolvedConfigToWandb, configure_trackers  # noqa: E402
+
+DEFAULT_RECIPE = "smollm2_prefix"
+
+
+def parse_recipe(argv: list[str]) -> tuple[TrainRecipe, str]:
+    """The validated recipe and its name (for the run directory and tags)."""
+    if not any(arg.startswith("recipe=") for arg in argv):
+        argv = [f"recipe={DEFAULT_RECIPE}", *argv]
+    name = Path([a for a in argv if a.startswith("recipe=")][-1].split("=", 1)[1]).stem
+    return validate(load_config(TrainRecipe, argv)), name
+
+
+def process_state_kwargs() -> dict:
+    """How this process joins the others. On GPU accelerate decides; on CPU it
+    must be told: DDP needs `cpu=True` (MULTI_CPU over gloo), while DeepSpeed
+    needs the gloo backend named and `cpu` left off, or each process trains alone."""
+    if torch.cuda.is_available():
+        return {}
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        return {"backend": "gloo"}
+    return {"cpu": True}
+
+
+def use_bf16(recipe: TrainRecipe) -> bool:
+    """bf16 mixed precision on GPU, fp32 on CPU, unless the recipe decides."""
+    return torch.cuda.is_available() if recipe.training.bf16 is None else recipe.training.bf16
+
+
+def model_dtype(recipe: TrainRecipe) -> torch.dtype:
+    if recipe.model.dtype == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return getattr(torch, recipe.model.dtype)
+
+
+def load_data(recipe: TrainRecipe, tokenizer, state: PartialState):
+    """Tokenized train and (optional) eval splits; the main process tokenizes first, the others reuse its cache."""
+    family = detect_family(tokenizer)
+    with state.main_process_first():
+        train = load_split(recipe.data.path, recipe.data.train_split)
+        if train is None:
+            raise ValueError(f"{recipe.data.path} has no split {recipe.data.train_split!r}")
+        if recipe.data.max_train_samples:
+            train = train.select(range(min(recipe.data.max_train_samples, len(train))))
+        train = tokenize_dataset(train, tokenizer, family, recipe.data.system_message)
+        check_fits(train, recipe.training.max_length, recipe.data.train_split)
+        evaluation = None
+        if recipe.data.eval_split and recipe.training.eval_steps > 0:
+            evaluation = load_split(recipe.data.path, recipe.data.eval_split)
+            if evaluation is not None:
+                if recipe.data.max_eval_samples:
+                    evaluation = evaluation.select(range(min(recipe.data.max_eval_samples, len(evaluation))))
+                evaluation = tokenize_dataset(evaluation, tokenizer, family, recipe.data.system_message)
+    return train, evaluation
+
+
+def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool) -> SFTConfig:
+    """TRL arguments from the recipe: accumulation derived from the effective batch."""
+    t = recipe.training
+    return SFTConfig(
+        output_dir=str(output_dir),
+        run_name=t.run_name or f"{recipe_name}-{Path(recipe.model.name_or_path.rstrip('/')).name}",
+        max_steps=t.max_steps,
+        per_device_train_batch_size=t.per_device_train_batch_size,
+        per_device_eval_batch_size=t.per_device_train_batch_size,
+        gradient_accumulation_steps=accumulation_steps(recipe, world_size),
+        learning_rate=t.learning_rate,
+        lr_scheduler_type=t.lr_scheduler_type,
+        warmup_steps=t.warmup_ratio,  # a float below 1 is a share of max_steps
+        weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm,
+        seed=t.seed,
+        data_seed=t.seed,
+        bf16=use_bf16(recipe),
+        gradient_checkpointing=t.gradient_checkpointing,
+        max_length=t.max_length,
+        packing=t.packing,
+        packing_strategy="bfd",
+        padding_free=t.padding_free,
+        completion_only_loss=True,  # loss on the answer only (the completion_mask built in train/data.py)
+        logging_steps=t.logging_steps,
+        save_strategy="steps",
+        save_steps=t.save_steps,
+        save_total_limit=t.save_total_limit,
+        eval_strategy="steps" if evaluate else "no",
+        eval_steps=t.eval_steps if evaluate else None,
+        report_to=[r for r in t.report_to if r != "none"] or "none",
+        include_num_input_tokens_seen="non_padding",
+        dataloader_num_workers=t.dataloader_num_workers,
+        use_cpu=process_state_kwargs().get("cpu", False),
+        ddp_backend=process_state_kwargs().get("backend"),
+        model_init_kwargs={"dtype": model_dtype(recipe), "attn_implementation": recipe.model.attn_implementation},
+    )
+
+
+def lora_config(recipe: TrainRecipe) -> LoraConfig:
+    lora = recipe.lora
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_regex or list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+
+
+def callbacks(recipe: TrainRecipe, recipe_name: str) -> list:
+    chosen = [CompletenessMarker(), ResolvedConfigToWandb(config_to_dict(recipe), recipe_name)]
+    delay = float(os.environ.get("HEADSTART_STEP_DELAY_S", "0") or 0)
+    return chosen + [StepDelay(delay)] if delay > 0 else chosen
+
+
+def save_final(trainer: SFTTrainer, tokenizer, output_dir: Path, recipe: TrainRecipe, state: PartialState) -> None:
+    """Adapter (gathered from all ZeRO-3 shards by save_model), then the merged model on the main process."""
+    adapter_dir = output_dir / "adapter"
+    trainer.save_model(str(adapter_dir))
+    state.wait_for_everyone()
+    if state.is_main_process:
+        tokenizer.save_pretrained(adapter_dir)
+        if recipe.training.merge:
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            from train.merge import merge_adapter
+
+            # Loading the base again must not be partitioned by the ZeRO-3 context of training.
+            unset_hf_deepspeed_config()
+            merge_adapter(adapter_dir, output_dir / "merged", dtype=model_dtype(recipe))
+    state.wait_for_everyone()
+
+
+def main(argv: list[str]) -> None:
+    # --- Recipe ---------------------------------------------------------------
+    recipe, recipe_name = parse_recipe(argv)
+    state = PartialState(**process_state_kwargs())
+    output_dir = Path(recipe.training.output_dir or f"outputs/train/{recipe_name}")
+
+    # --- Run directory and trackers --------------------------------------------
+    if state.is_main_process:
+        dump_config(recipe, output_dir / "config.yaml")
+    configure_trackers(recipe, recipe_name, output_dir)
+
+    # --- Tokenizer and data ----------------------------------------------------
+    model_dir = resolve_model_dir(recipe.model.name_or_path)
+    tokenizer = load_tokenizer(model_dir)
+    train_data, eval_data = load_data(recipe, tokenizer, state)
+
+    # --- Trainer ---------------------------------------------------------------
+    args = sft_config(recipe, recipe_name, output_dir, state.num_processes, eval_data is not None)
+    trainer = SFTTrainer(
+        model=model_dir,
+        args=args,
+        train_dataset=train_data,
+        eval_dataset=eval_data,
+        processing_class=tokenizer,
+        peft_config=lora_config(recipe),
+        callbacks=callbacks(recipe, recipe_name),
+    )
+
+    # --- Train (resuming from the last complete checkpoint) ---------------------
+    checkpoint = last_complete_checkpoint(output_dir) if recipe.training.resume else None
+    if checkpoint and state.is_main_process:
+        print(f"resuming from {checkpoint}", flush=True)
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+
+    # --- Adapter and merged model ----------------------------------------------
+    save_final(trainer, tokenizer, output_dir, recipe, state)
+    if state.is_main_process:
+        print(f"adapter: {output_dir / 'adapter'}", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main(sys.argv[1:])

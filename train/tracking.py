@@ -1,0 +1,72 @@
+"""Experiment tracking: W&B (offline unless a project is configured) and TensorBoard.
+
+transformers' own callbacks do the logging; this module only prepares their
+environment (run name, tags, directories) and adds the resolved recipe to the
+W&B run, so a run can be reproduced from its tracker page alone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from train.config import TrainRecipe
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_commit() -> str:
+    """Short hash of the checked-out commit, `unknown` outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def run_tags(recipe: TrainRecipe, recipe_name: str) -> list[str]:
+    """recipe, model and git commit, plus the recipe's own tags (W&B caps a tag at 64 chars)."""
+    model = Path(recipe.model.name_or_path.rstrip("/")).name or recipe.model.name_or_path
+    tags = [f"recipe:{recipe_name}", f"model:{model}", f"git:{git_commit()}", *recipe.wandb.tags]
+    return [tag.replace(",", "_")[:64] for tag in tags]
+
+
+def configure_trackers(recipe: TrainRecipe, recipe_name: str, output_dir: Path) -> None:
+    """Set the environment the W&B and TensorBoard callbacks read at start-up."""
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(output_dir / "tensorboard"))
+    if "wandb" not in recipe.training.report_to:
+        return
+    project = recipe.wandb.project or os.environ.get("WANDB_PROJECT")
+    if project:
+        os.environ["WANDB_PROJECT"] = project
+    else:
+        # No project configured: keep the run on disk (sync later with `wandb sync`).
+        os.environ.setdefault("WANDB_MODE", "offline")
+        os.environ["WANDB_PROJECT"] = "headstart"
+    if recipe.wandb.entity:
+        os.environ["WANDB_ENTITY"] = recipe.wandb.entity
+    os.environ.setdefault("WANDB_DIR", str(output_dir))
+    os.environ["WANDB_TAGS"] = ",".join(run_tags(recipe, recipe_name))
+
+
+class ResolvedConfigToWandb(TrainerCallback):
+    """Add the resolved recipe to the W&B run that WandbCallback opened."""
+
+    def __init__(self, resolved: dict[str, Any], recipe_name: str) -> None:
+        self.resolved = resolved
+        self.recipe_name = recipe_name
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or "wandb" not in (args.report_to or []):
+            return control
+        import wandb
+
+        if wandb.run is not None:
+            wandb.run.config.update({"recipe_name": self.recipe_name, "recipe": self.resolved}, allow_val_change=True)
+        return control
