@@ -105,7 +105,9 @@ def _cache_lines(path: Path) -> int:
 
 def test_resume_after_killed_build_gives_the_same_bytes(tmp_path, tiny_qwen3_dir):
     output = tmp_path / "out"
-    args = embedded_args(output, tiny_qwen3_dir, "generation.batch_size=1", "generation.max_new_tokens=48")
+    args = embedded_args(
+        output, tiny_qwen3_dir, "embedded.max_rows=12", "generation.batch_size=1", "generation.max_new_tokens=32"
+    )
     # reference: one uninterrupted build, then its output is moved away and its work dir removed
     build(load_config(BuildConfig, args))
     shutil.move(output, tmp_path / "reference")
@@ -121,11 +123,11 @@ def test_resume_after_killed_build_gives_the_same_bytes(tmp_path, tiny_qwen3_dir
     process.send_signal(signal.SIGKILL)
     process.wait()
     done_before_kill = _cache_lines(cache)
-    assert process.returncode == -signal.SIGKILL and 3 <= done_before_kill < 36
+    assert process.returncode == -signal.SIGKILL and 3 <= done_before_kill < 12
     assert not output.exists()  # nothing half-written where the trainer looks
 
     build(load_config(BuildConfig, args))
     assert tree_bytes(tmp_path / "reference") == tree_bytes(output)
     # answers finished before the kill were reused, not generated again
-    assert len(AnswerCache(cache).answers) == _cache_lines(cache) == 36
+    assert len(AnswerCache(cache).answers) == _cache_lines(cache) == 12
     assert Report.load(output / "report.json").splits["train"]["rows"] > 0
