@@ -105,7 +105,7 @@ def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_si
         seed=t.seed,
         data_seed=t.seed,
         bf16=use_bf16(recipe),
-        gradient_checkpointing=t.gradient_checkpointing,
+        activation_checkpointing=t.gradient_checkpointing,
         max_length=t.max_length,
         packing=t.packing,
         packing_strategy="bfd",
@@ -192,8 +192,14 @@ def main(argv: list[str]) -> None:
 
     # --- Train (resuming from the last complete checkpoint) ---------------------
     checkpoint = last_complete_checkpoint(output_dir) if recipe.training.resume else None
-    if checkpoint and state.is_main_process:
-        print(f"resuming from {checkpoint}", flush=True)
+    if state.is_main_process:
+        print(
+            f"processes: {state.num_processes} ({trainer.accelerator.distributed_type.value}), "
+            f"gradient accumulation: {args.gradient_accumulation_steps}",
+            flush=True,
+        )
+        if checkpoint:
+            print(f"resuming from {checkpoint}", flush=True)
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
 
     # --- Adapter and merged model ----------------------------------------------

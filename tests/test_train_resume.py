@@ -1,0 +1,52 @@
+"""Kill a run after a checkpoint, relaunch the same command: it ends where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from test_train_support import REPO, humaneval_dialogues, launch, launch_command, launch_env, step_losses
+from test_train_support import tiny_overrides, write_jsonl
+from train.checkpoints import COMPLETE_MARKER
+
+LAUNCHER = ["--num_processes", "1"]
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_same_adapter(tmp_path, tiny_qwen3_dir):
+    data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(32))
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    launch(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, full))
+
+    # Same command, slowed down so the kill lands between checkpoint 2 and the end.
+    command = launch_command(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, killed))
+    process = subprocess.Popen(
+        command, cwd=REPO, env=launch_env(HEADSTART_STEP_DELAY_S="2"), start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 240
+    while not (killed / "checkpoint-2" / COMPLETE_MARKER).is_file():
+        assert process.poll() is None and time.monotonic() < deadline, "run ended before its first checkpoint"
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGKILL)  # the launcher and its training process, as a preemption would
+    process.wait()
+    assert not (killed / "adapter").exists(), "the run finished before it was killed"
+    # A checkpoint being written when the kill came has no marker and is not resumed from.
+    (killed / "checkpoint-4").mkdir(exist_ok=True)
+
+    result = launch(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, killed))
+    assert f"resuming from {killed / 'checkpoint-2'}" in result.stdout
+
+    assert step_losses(killed) == step_losses(full)
+    expected, actual = load_file(full / "adapter" / "adapter_model.safetensors"), load_file(
+        killed / "adapter" / "adapter_model.safetensors"
+    )
+    assert actual.keys() == expected.keys()
+    for key in expected:
+        torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=0)

