@@ -1,0 +1,59 @@
+"""The sbatch scripts on a real Slurm: two nodes on this machine (scripts/slurm_local.sh)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from test_train_support import humaneval_dialogues, tiny_overrides, write_jsonl
+
+REPO = Path(__file__).resolve().parent.parent
+SLURM_CONF = os.environ.get("SLURM_CONF", "/tmp/headstart-slurm/slurm.conf")
+
+
+def cluster_up() -> bool:
+    if shutil.which("sbatch") is None or not Path(SLURM_CONF).is_file():
+        return False
+    result = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=slurm_env(), capture_output=True, text=True)
+    return result.returncode == 0 and result.stdout.count("idle") + result.stdout.count("mix") >= 2
+
+
+def slurm_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, SLURM_CONF=SLURM_CONF, WANDB_MODE="offline", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env.pop("WANDB_PROJECT", None)
+    return env | extra
+
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slow,
+    pytest.mark.skipif(not cluster_up(), reason="no local Slurm: run `bash scripts/slurm_local.sh start`"),
+]
+
+
+def sbatch(*args: str, **env: str) -> str:
+    """Submit from the repository root and wait; returns the job id."""
+    result = subprocess.run(
+        ["sbatch", "--parsable", "--wait", *args], cwd=REPO, env=slurm_env(**env), capture_output=True, text=True,
+        timeout=900,
+    )
+    job_id = result.stdout.strip().split(";")[0]
+    log = REPO / "logs" / f"headstart-train-{job_id}.out"
+    assert result.returncode == 0, f"{result.stderr}\n{log.read_text()[-4000:] if log.exists() else ''}"
+    return job_id
+
+
+def test_train_sbatch_runs_on_two_nodes_and_leaves_a_merged_model(tmp_path, tiny_qwen3_dir):
+    data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(16))
+    out = tmp_path / "run"
+    overrides = tiny_overrides(tiny_qwen3_dir, data, out, max_steps=2, save_steps=2, merge="true")
+    job_id = sbatch("--nodes=2", "slurm/train.sbatch", *overrides)
+    log = (REPO / "logs" / f"headstart-train-{job_id}.out").read_text()
+    assert "2 nodes x 1 processes" in log
+    assert "processes: 2 (MULTI_CPU)" in log
+    assert (out / "merged" / "config.json").is_file()
+    assert (out / "adapter" / "adapter_config.json").is_file()
