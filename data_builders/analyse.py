@@ -12,6 +12,9 @@ from data_builders.decontamination import DecontaminationIndex, normalise, stabl
 from data_builders.segmentation import segment_request
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, build_messages, render_prompt
 
+# Bump when analyse_batch's columns change: it is part of the resume key of pass 2.
+VERSION = 2
+
 # contamination codes stored per request
 CLEAN, EXACT, NGRAM = 0, 1, 2
 CONTAMINATION_REASONS = {EXACT: "contaminated_exact", NGRAM: "contaminated_ngram"}
@@ -44,6 +47,7 @@ def analyse_batch(
         "num_segments": [len(c) for c in cuts],
         "norm_hash": [stable_hash(normalise(r)) for r in requests],
         "contamination": codes,
+        "has_reference": [bool(r and r.strip()) for r in references],
     }
     if tokenizer is not None:
         out["request_tokens"] = prompt_lengths(tokenizer, requests, chat)

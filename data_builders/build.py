@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 from dataclasses import asdict
@@ -18,19 +17,20 @@ from typing import Any
 
 import numpy as np
 from datasets import Dataset, DatasetDict, DatasetInfo
-from omegaconf import OmegaConf
 
+from data_builders.analyse import VERSION as ANALYSIS_VERSION
 from data_builders.analyse import analyse_batch
-from data_builders.answer_cache import AnswerCache
-from data_builders.card import length_stats, render_card
+from data_builders.answers import gather as gather_answers
+from data_builders.answers import has_answer
+from data_builders.card import length_stats
 from data_builders.collect import collect, collect_key
 from data_builders.config import BuildConfig
 from data_builders.decontamination import DecontaminationIndex, build_index
-from data_builders.generation import GenerationSettings, cache_path, greedy_answers
+from data_builders.output import save
 from data_builders.pairs import STAT_COLUMNS, expand_batch
 from data_builders.paths import resolve
 from data_builders.report import Report
-from data_builders.select import Selection, choose, column, eligible_rows
+from data_builders.select import choose, column, eligible_rows
 from data_builders.sources import SOURCES
 from headstart.config import RecipeError
 
@@ -85,10 +85,10 @@ def build(config: BuildConfig, command: str = "python -m data_builders") -> Path
     analysed = _analyse(requests, config, work, index, tokenizer)
     rows = eligible_rows(analysed, config, _token_budget(analysed, config), report)
     selection = choose(rows, column(analysed, "num_segments"), config, report)
-    answers, drafts = _answers(analysed, selection, config, work)
-    report.drop("empty_answer", sum(1 for a in answers.values() if not a.strip()))
+    answers, drafts = gather_answers(analysed, selection, config, work)
+    report.drop("empty_answer", int((~has_answer(analysed, selection.rows(), answers)).sum()))
     splits = {"train": _expand(analysed, selection.train, selection, answers, drafts, config, tokenizer, work, "train", report)}
-    if selection.validation:
+    if len(selection.validation):
         splits["validation"] = _expand(
             analysed, selection.validation, selection, answers, drafts, config, tokenizer, work, "validation", report
         )
@@ -97,7 +97,7 @@ def build(config: BuildConfig, command: str = "python -m data_builders") -> Path
         report.splits["validation"] = {"requests": 0, "rows": 0}
     if tokenizer is not None:
         report.tokens["tokenizer"] = tokenizer_name(config)
-    _save(DatasetDict(splits), config, report, output, command)
+    save(DatasetDict(splits), config, report, output, command)
     if not config.keep_work_dir:
         shutil.rmtree(work, ignore_errors=True)
     return output
@@ -126,7 +126,7 @@ def _key(*parts: Any) -> str:
 
 def _analyse(requests: Dataset, config: BuildConfig, work: Path, index: DecontaminationIndex, tokenizer) -> Dataset:
     index_id = [len(index.exact), len(index.ngrams), sum(index.exact) % (1 << 61), index.n]
-    key = _key("analyse", collect_key(config), index_id, tokenizer_name(config), config.format)
+    key = _key("analyse", ANALYSIS_VERSION, collect_key(config), index_id, tokenizer_name(config), config.format)
     return requests.map(
         analyse_batch,
         batched=True,
@@ -153,32 +153,6 @@ def _token_budget(analysed: Dataset, config: BuildConfig) -> np.ndarray | None:
     return budget + (generated if config.pairs == "draft_refinement" else 0)
 
 
-def _answers(analysed: Dataset, selection: Selection, config: BuildConfig, work: Path):
-    """Answers per chosen row, and drafts per (row, i) for draft-refinement."""
-    chosen = selection.validation + selection.train
-    subset = analysed.select(chosen)
-    settings = GenerationSettings(
-        model=config.model,
-        max_new_tokens=config.generation.max_new_tokens,
-        batch_size=config.generation.batch_size,
-        backend=config.generation.backend,
-        device=config.generation.device,
-    )
-    cache = AnswerCache(cache_path(work, config.model), [resolve(p) for p in config.generation.cache_files])
-    requests = subset["request"]
-    if config.answers == "self":
-        texts = greedy_answers(list(requests), settings, cache, desc="self-distil answers")
-    else:
-        texts = [r or "" for r in subset["reference"]]
-    answers = dict(zip(chosen, texts))
-    if config.pairs != "draft_refinement":
-        return answers, None
-    wanted = [(row, i, req[: cuts[i - 2]]) for row, req, cuts in zip(chosen, requests, subset["cuts"])
-              for i in selection.prefixes[row] if i > 1]
-    texts = greedy_answers([w[2] for w in wanted], settings, cache, desc="drafts for S_(i-1)")
-    return answers, {(row, i): text for (row, i, _), text in zip(wanted, texts)}
-
-
 def _expand(analysed, chosen, selection, answers, drafts, config, tokenizer, work, split, report) -> Dataset:
     subset = analysed.select(chosen)
     expanded = subset.map(
@@ -189,8 +163,8 @@ def _expand(analysed, chosen, selection, answers, drafts, config, tokenizer, wor
         remove_columns=subset.column_names,
         fn_kwargs={
             "rows": chosen,
-            "prefixes": {row: selection.prefixes[row] for row in chosen},
-            "answers": {row: answers[row] for row in chosen},
+            "selection": selection,
+            "answers": None if answers is None else {int(row): answers[int(row)] for row in chosen},
             "drafts": drafts,
             "fmt": config.format,
             "answer_kind": config.answers,
@@ -201,8 +175,7 @@ def _expand(analysed, chosen, selection, answers, drafts, config, tokenizer, wor
         load_from_cache_file=False,
         desc=f"pairs ({split})",
     )
-    kept = sum(1 for row in chosen if answers[row].strip())
-    report.splits[split] = {"requests": kept, "rows": len(expanded)}
+    report.splits[split] = {"requests": int(has_answer(analysed, chosen, answers).sum()), "rows": len(expanded)}
     return _finish_split(expanded, config, report, split)
 
 
@@ -217,31 +190,6 @@ def _finish_split(expanded: Dataset, config: BuildConfig, report: Report, split:
     # The cache file's path would enter the fingerprint; the inputs and config identify the data.
     fingerprint = _key("split", split, asdict(config), report.inputs)
     return Dataset(expanded.data, info=DatasetInfo(features=expanded.features), split=split, fingerprint=fingerprint)
-
-
-def _save(splits: DatasetDict, config: BuildConfig, report: Report, output: Path, command: str) -> None:
-    partial = output.with_name(output.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    splits.save_to_disk(str(partial))
-    config_yaml = OmegaConf.to_yaml(OmegaConf.structured(config))
-    (partial / "config.yaml").write_text(config_yaml)
-    (partial / "report.json").write_text(report.to_json() + "\n")
-    (partial / "README.md").write_text(
-        render_card(config.name, config.format, config.pairs, config.answers, report, config_yaml, command)
-    )
-    _write_preview(splits["train"], partial / "preview.jsonl", config.preview_rows)
-    if output.exists():
-        stale = output.with_name(output.name + ".old")
-        shutil.rmtree(stale, ignore_errors=True)
-        os.replace(output, stale)
-        shutil.rmtree(stale)
-    os.replace(partial, output)
-
-
-def _write_preview(dataset: Dataset, path: Path, rows: int) -> None:
-    with path.open("w", encoding="utf-8") as handle:
-        for row in dataset.select(range(min(rows, len(dataset)))):
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def command_line(argv: list[str]) -> str:

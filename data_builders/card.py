@@ -22,8 +22,8 @@ def length_stats(values: np.ndarray) -> dict[str, float]:
     return {
         "min": int(values.min()),
         "mean": round(float(values.mean()), 1),
-        "median": float(np.median(values)),
-        "p95": float(np.percentile(values, 95)),
+        "median": round(float(np.median(values)), 1),
+        "p95": round(float(np.percentile(values, 95)), 1),
         "max": int(values.max()),
     }
 

@@ -97,11 +97,15 @@ def _vllm_backend(settings: GenerationSettings) -> Generate:
 
     from headstart.models import resolve_model_dir
 
-    llm = LLM(model=resolve_model_dir(settings.model))
+    tokenizer = _tokenizer(settings.model)
+    llm = LLM(model=resolve_model_dir(settings.model), seed=0)
     params = SamplingParams(temperature=0.0, max_tokens=settings.max_new_tokens)
 
     def generate(prompts: list[str]) -> list[str]:
-        return [out.outputs[0].text.strip() for out in llm.generate(prompts, params, use_tqdm=False)]
+        # Token ids, as the transformers path feeds them: the template already holds BOS.
+        ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+        outputs = llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False)
+        return [out.outputs[0].text.strip() for out in outputs]
 
     return generate
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from data_builders.analyse import prompt_lengths, text_lengths
+from data_builders.select import Selection
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
 
 PROVENANCE = ["source", "source_id", "prefix_index", "num_segments", "answer_kind"]
@@ -20,24 +23,28 @@ STAT_COLUMNS = ["_prompt_tokens", "_answer_tokens", "_draft_tokens"]
 def expand_batch(
     batch: dict[str, list[Any]],
     indices: list[int],
-    rows: list[int],
-    prefixes: dict[int, list[int]],
-    answers: dict[int, str],
+    rows: np.ndarray,
+    selection: Selection,
+    answers: dict[int, str] | None,
     drafts: dict[tuple[int, int], str] | None,
     fmt: str,
     answer_kind: str,
     tokenizer: Any | None,
 ) -> dict[str, list[Any]]:
-    """Rows for one batch of chosen requests; `indices` are positions in `rows`."""
+    """Rows for one batch of chosen requests; `indices` are positions in `rows`.
+
+    `answers` holds generated answers by row; None means the corpus's own
+    reference, read from the batch so a large build never holds them all.
+    """
     out: dict[str, list[Any]] = {k: [] for k in PROVENANCE}
     queries, responses, draft_texts = [], [], []
     for k, position in enumerate(indices):
-        row = rows[position]
-        answer = answers[row]
+        row = int(rows[position])
+        answer = answers[row] if answers is not None else batch["reference"][k] or ""
         if not answer.strip():
             continue  # empty answers are excluded (PROTOCOL); counted by the builder
         request, cuts = batch["request"][k], batch["cuts"][k]
-        for i in prefixes[row]:
+        for i in selection.prefixes(row, len(cuts)):
             queries.append(request[: cuts[i - 1]])
             responses.append(answer)
             if drafts is not None:
@@ -56,7 +63,8 @@ def expand_batch(
     if tokenizer is not None:
         out["_prompt_tokens"] = prompt_lengths(tokenizer, queries, chat=fmt == "ar")
         out["_answer_tokens"] = text_lengths(tokenizer, responses)
-        out["_draft_tokens"] = text_lengths(tokenizer, draft_texts) if drafts is not None else [0] * len(queries)
+        if drafts is not None:
+            out["_draft_tokens"] = text_lengths(tokenizer, draft_texts)
     return out
 
 

@@ -18,11 +18,22 @@ from data_builders.report import Report
 
 @dataclass
 class Selection:
-    """Chosen requests (row numbers of the analysed dataset) and their kept prefixes."""
+    """Chosen requests (row numbers of the analysed dataset) and how many prefixes each keeps."""
 
-    train: list[int]
-    validation: list[int]
-    prefixes: dict[int, list[int]]  # row -> kept prefix indices i (1-based)
+    train: np.ndarray
+    validation: np.ndarray
+    per_request: int  # caps.max_pairs_per_request (0: all prefixes)
+    last_row: int = -1  # the request that reached caps.max_pairs ...
+    last_count: int = 0  # ... keeps only this many prefixes
+
+    def prefixes(self, row: int, num_segments: int) -> list[int]:
+        """Kept prefix indices i (1-based) of a chosen request."""
+        if row == self.last_row:
+            return spaced_prefixes(num_segments, self.last_count)
+        return spaced_prefixes(num_segments, self.per_request)
+
+    def rows(self) -> np.ndarray:
+        return np.concatenate([self.validation, self.train])
 
 
 def column(dataset: Dataset, name: str) -> np.ndarray:
@@ -69,20 +80,21 @@ def choose(rows: np.ndarray, num_segments: np.ndarray, config: BuildConfig, repo
     """Shuffle with the seed, take requests until caps.max_pairs, split by request."""
     order = np.random.default_rng(config.seed).permutation(rows)
     per_request, budget = config.caps.max_pairs_per_request, config.caps.max_pairs
-    chosen, prefixes, total = [], {}, 0
-    for row in order.tolist():
-        wanted = spaced_prefixes(int(num_segments[row]), per_request)
-        if budget and total + len(wanted) > budget:
-            wanted = spaced_prefixes(int(num_segments[row]), budget - total)[: budget - total]
-        chosen.append(row)
-        prefixes[row] = wanted
-        total += len(wanted)
-        if budget and total >= budget:
-            break
-    report.drop("over_pair_cap", len(order) - len(chosen))
-    report.step("requests chosen under caps", len(chosen))
-    cut = _validation_size(len(chosen), config.validation_fraction)
-    return Selection(train=chosen[cut:], validation=chosen[:cut], prefixes=prefixes)
+    counts = num_segments[order].astype(np.int64)
+    if per_request > 0:
+        counts = np.minimum(counts, per_request)
+    selection = Selection(train=order, validation=order[:0], per_request=per_request)
+    if budget and counts.sum() > budget:
+        total = np.cumsum(counts)
+        last = int(np.searchsorted(total, budget))  # the request whose pairs reach the budget
+        selection.last_row = int(order[last])
+        selection.last_count = int(budget - (total[last - 1] if last else 0))
+        order = order[: last + 1]
+    report.drop("over_pair_cap", len(rows) - len(order))
+    report.step("requests chosen under caps", len(order))
+    cut = _validation_size(len(order), config.validation_fraction)
+    selection.validation, selection.train = order[:cut], order[cut:]
+    return selection
 
 
 def _validation_size(count: int, fraction: float) -> int:

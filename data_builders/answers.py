@@ -1,0 +1,52 @@
+"""Answers and drafts for the chosen requests: the corpus's own, or the model's greedy ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from datasets import Dataset
+
+from data_builders.answer_cache import AnswerCache
+from data_builders.config import BuildConfig
+from data_builders.generation import GenerationSettings, cache_path, greedy_answers
+from data_builders.paths import resolve
+from data_builders.select import Selection
+
+
+def gather(analysed: Dataset, selection: Selection, config: BuildConfig, work: Path):
+    """Generated answers per chosen row (None: references, read later from the data),
+    and drafts per (row, i) for draft-refinement."""
+    if config.answers == "reference" and config.pairs != "draft_refinement":
+        return None, None
+    chosen = selection.rows()
+    subset = analysed.select(chosen)
+    settings = GenerationSettings(
+        model=config.model,
+        max_new_tokens=config.generation.max_new_tokens,
+        batch_size=config.generation.batch_size,
+        backend=config.generation.backend,
+        device=config.generation.device,
+    )
+    cache = AnswerCache(cache_path(work, config.model), [resolve(p) for p in config.generation.cache_files])
+    requests, rows = subset["request"], chosen.tolist()
+    answers = None
+    if config.answers == "self":
+        answers = dict(zip(rows, greedy_answers(list(requests), settings, cache, desc="self-distil answers")))
+    if config.pairs != "draft_refinement":
+        return answers, None
+    wanted = [
+        (row, i, request[: cuts[i - 2]])
+        for row, request, cuts in zip(rows, requests, subset["cuts"])
+        for i in selection.prefixes(row, len(cuts))
+        if i > 1
+    ]
+    texts = greedy_answers([w[2] for w in wanted], settings, cache, desc="drafts for S_(i-1)")
+    return answers, {(row, i): text for (row, i, _), text in zip(wanted, texts)}
+
+
+def has_answer(analysed: Dataset, chosen: np.ndarray, answers: dict[int, str] | None) -> np.ndarray:
+    """Which chosen requests have a non-empty answer (empty ones are excluded)."""
+    if answers is not None:
+        return np.array([bool(answers[int(row)].strip()) for row in chosen], dtype=bool)
+    return analysed.data.column("has_reference").to_numpy(zero_copy_only=False)[chosen]
