@@ -1,0 +1,164 @@
+"""What adaptation bought: the base and the adapted model on the same suite.
+
+    python -m eval.before_after recipe=before_after_smollm2 adapted=outputs/train/smollm2_prefix/adapter
+
+Both models run with identical settings through `run_evaluation` (per-request
+results are reused, so a rerun computes only what is missing), then one report
+is written: Markdown and HTML with Table 1/2/3 layouts, speedup histograms and
+acceptance bars (PNG), and a W&B group holding a run per side.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eval.config import EvalConfig
+from eval.plots import acceptance_bars, speedup_histogram
+from eval.report import markdown_table
+from eval.runner import load_records, run_evaluation
+from eval.wandb_report import log_side
+from headstart.config import RecipeError, config_to_dict, dump_config, load_config
+
+
+@dataclass
+class BeforeAfterConfig:
+    """Evaluate a base model and its adaptation with identical settings."""
+
+    model: str = field(default="smollm2", metadata={"help": "Base model (embedded name, hub id, dir or .gguf)."})
+    adapted: str = field(default="outputs/train/smollm2_prefix/adapter", metadata={"help": "Adapted model: LoRA adapter dir or merged model dir."})
+    benchmarks: list[str] = field(default_factory=lambda: ["humaneval"], metadata={"help": "Benchmarks to run on both sides."})
+    data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark name, e.g. {mbpp: path}."})
+    limit: int | None = field(default=10, metadata={"help": "Requests per benchmark (first N with n >= 2)."})
+    acceptance: str = field(default="greedy", metadata={"help": "Acceptance rule for both sides."})
+    max_new_tokens: int = field(default=256, metadata={"help": "Answer length cap for both sides."})
+    system_prompt: str = field(default="incomplete", metadata={"help": "System message for both sides: 'incomplete', 'model' or text."})
+    output_dir: str = field(default="outputs/before_after/smollm2", metadata={"help": "Report, figures, per-side results."})
+    wandb_project: str | None = field(default=None, metadata={"help": "W&B project; unset = offline run under output_dir."})
+    wandb_group: str | None = field(default=None, metadata={"help": "W&B group linking both runs; default the output dir name."})
+    device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available."})
+    dtype: str | None = field(default=None, metadata={"help": "Torch dtype; default bf16 on GPU, fp32 on CPU."})
+
+
+def side_config(config: BeforeAfterConfig, side: str, benchmark: str) -> EvalConfig:
+    """The evaluation of one side on one benchmark; everything but the model is shared."""
+    return EvalConfig(
+        model=config.model if side == "before" else config.adapted,
+        benchmark=benchmark,
+        data_path=config.data_paths.get(benchmark),
+        limit=config.limit,
+        acceptance=config.acceptance,
+        max_new_tokens=config.max_new_tokens,
+        system_prompt=config.system_prompt,
+        device=config.device,
+        dtype=config.dtype,
+        output_dir=str(Path(config.output_dir) / side / benchmark),
+    )
+
+
+def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]]]:
+    """Evaluate both sides, write the report; returns summaries[benchmark][side]."""
+    output_dir = Path(config.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(config, output_dir / "config.yaml")
+    summaries: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in config.benchmarks}
+    records: dict[str, dict[str, list[dict[str, Any]]]] = {b: {} for b in config.benchmarks}
+    for side in ("before", "after"):
+        for benchmark in config.benchmarks:
+            evaluation = side_config(config, side, benchmark)
+            summaries[benchmark][side] = run_evaluation(evaluation)
+            records[benchmark][side] = load_records(Path(evaluation.output_dir) / "results.jsonl")
+    figures = write_figures(summaries, records, output_dir / "figures")
+    write_reports(config, summaries, figures, output_dir)
+    for side in ("before", "after"):
+        log_side(config, side, summaries, records, figures, config_to_dict(config))
+    print(f"\nreport: {output_dir / 'report.md'}\n        {output_dir / 'report.html'}")
+    return summaries
+
+
+def write_figures(summaries, records, directory: Path) -> list[Path]:
+    figures = [
+        speedup_histogram(records[benchmark], f"{benchmark}: residual speedup", directory / f"speedup_{benchmark}.png")
+        for benchmark in summaries
+    ]
+    return figures + [acceptance_bars(summaries, directory / "acceptance.png")]
+
+
+def report_tables(summaries: dict[str, dict[str, dict[str, Any]]]) -> dict[str, tuple[list[str], list[list[str]]]]:
+    """Table 1 (quality), 2 (speedup), 3 (acceptance), with a macro-average row."""
+    rows = dict(summaries)
+    if len(rows) > 1:
+        rows["macro average"] = {side: _macro(summaries, side) for side in ("before", "after")}
+
+    def arrow(summary_pair, key, fmt):
+        before, after = (summary_pair[side].get(key) for side in ("before", "after"))
+        return f"{_fmt(before, fmt)} → {_fmt(after, fmt)}"
+
+    table1 = (["benchmark", "quality base", "quality stream"],
+              [[b, arrow(s, "quality_base", "{:.1%}"), arrow(s, "quality_stream", "{:.1%}")] for b, s in rows.items()])
+    table2 = (["benchmark", "median speedup (fwd)", "mean speedup (fwd)", "median speedup (wall)", "residual fwd (median)"],
+              [[b, arrow(s, "speedup_forwards_median", "{:.2f}x"), arrow(s, "speedup_forwards_mean", "{:.2f}x"),
+                arrow(s, "speedup_wall_median", "{:.2f}x"), arrow(s, "forwards_stream_median", "{:g}")] for b, s in rows.items()])
+    table3 = (["benchmark", "draft kept", "1-forward share", "accept none", "accept all"],
+              [[b, arrow(s, "draft_kept_mean", "{:.1%}"), arrow(s, "single_forward_share", "{:.1%}"),
+                arrow(s, "acceptance_none", "{:.0%}"), arrow(s, "acceptance_all", "{:.0%}")] for b, s in rows.items()])
+    return {"Table 1: quality (before → after)": table1, "Table 2: speedup (before → after)": table2,
+            "Table 3: acceptance (before → after)": table3}
+
+
+def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], output_dir: Path) -> None:
+    tables = report_tables(summaries)
+    markdown = [f"# Before/after streaming report\n\nbase `{config.model}` → adapted `{config.adapted}`, "
+                f"acceptance `{config.acceptance}`, max_new_tokens {config.max_new_tokens}, limit {config.limit}\n"]
+    for title, (header, rows) in tables.items():
+        markdown += [f"## {title}\n", _markdown(header, rows), ""]
+    for side in ("before", "after"):
+        markdown += [f"## All columns, {side}\n", markdown_table({b: s[side] for b, s in summaries.items()}), ""]
+    markdown += [f"![{p.stem}](figures/{p.name})" for p in figures]
+    (output_dir / "report.md").write_text("\n".join(markdown) + "\n")
+    body = [f"<h1>Before/after streaming report</h1><p>{html.escape(markdown[0])}</p>"]
+    for title, (header, rows) in tables.items():
+        body += [f"<h2>{html.escape(title)}</h2>", _html(header, rows)]
+    body += [f'<img src="figures/{p.name}" alt="{p.stem}">' for p in figures]
+    (output_dir / "report.html").write_text(
+        "<!doctype html><meta charset='utf-8'><title>headstart before/after</title>"
+        "<style>table{border-collapse:collapse}td,th{border:1px solid #999;padding:3px 8px}</style>"
+        + "\n".join(body) + "\n")
+    (output_dir / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
+
+
+def _macro(summaries, side: str) -> dict[str, float]:
+    keys = {k for s in summaries.values() for k, v in s[side].items() if isinstance(v, (int, float))}
+    return {k: sum(s[side].get(k, 0.0) for s in summaries.values()) / len(summaries) for k in keys}
+
+
+def _fmt(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def _html(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        run_before_after(load_config(BeforeAfterConfig, sys.argv[1:] if argv is None else argv))
+    except (RecipeError, ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

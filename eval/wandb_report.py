@@ -1,0 +1,45 @@
+"""Log one side of a before/after report to W&B: offline unless a project is set."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+RECORD_COLUMNS = ("request_id", "n_segments", "base_tokens", "draft_tokens", "accepted_tokens", "baseline_forwards",
+                  "residual_forwards", "drafting_forwards", "baseline_seconds", "residual_seconds", "base_score",
+                  "stream_score", "identical")
+
+
+def wandb_mode(project: str | None) -> str:
+    """Online only when a project is configured and the user did not ask for offline."""
+    configured = project or os.environ.get("WANDB_PROJECT")
+    return os.environ.get("WANDB_MODE", "online") if configured else "offline"
+
+
+def log_side(config, side: str, summaries, records, figures: list[Path], resolved: dict[str, Any]) -> str:
+    """One run per side in a shared group: summary metrics, per-request table, figures, configs.
+    Returns the run directory."""
+    import wandb
+
+    group = config.wandb_group or Path(config.output_dir).name
+    run = wandb.init(
+        project=config.wandb_project or os.environ.get("WANDB_PROJECT") or "headstart",
+        group=group,
+        name=f"{group}-{side}",
+        job_type=f"eval-{side}",
+        dir=str(Path(config.output_dir)),
+        mode=wandb_mode(config.wandb_project),
+        config={"side": side, "model": config.model if side == "before" else config.adapted, "report": resolved},
+        reinit="finish_previous",
+    )
+    for benchmark, sides in summaries.items():
+        for key, value in sides[side].items():
+            if isinstance(value, (int, float)):
+                run.summary[f"{benchmark}/{key}"] = value
+    rows = [[benchmark] + [r.get(c) for c in RECORD_COLUMNS] for benchmark in records for r in records[benchmark][side]]
+    run.log({"requests": wandb.Table(columns=["benchmark", *RECORD_COLUMNS], data=rows)})
+    run.log({path.stem: wandb.Image(str(path)) for path in figures})
+    directory = run.dir
+    run.finish()
+    return directory
