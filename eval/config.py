@@ -22,4 +22,7 @@ class EvalConfig:
     sandbox_cpu_seconds: int = field(default=10, metadata={"help": "CPU-time limit of each executed program."})
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
     dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
+    benchmarks: list[str] = field(default_factory=list, metadata={"help": "Suite: benchmarks run in turn into one report (empty: just `benchmark`)."})
+    data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Suite: local data per benchmark name (the suite's `data_path`s)."})
+    acceptances: list[str] = field(default_factory=list, metadata={"help": "Suite: acceptance rules run in turn (empty: just `acceptance`)."})
     output_dir: str | None = field(default=None, metadata={"help": "Where results.jsonl and summary.json go; default outputs/eval/<benchmark>-<model>-<acceptance>."})

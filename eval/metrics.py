@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import statistics
+import string
+from collections import Counter
 from typing import Any
 
 
@@ -13,12 +16,17 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     summary: dict[str, Any] = {"requests": len(records), "excluded_empty": len(records) - len(valid), "evaluated": len(valid)}
     if not valid:
         return summary
+    # Skipped answers (e.g. DS-1000 problems whose library is not installed) were
+    # never executed: counted, and left out of quality, never scored as passes.
+    scored = [r for r in valid if not is_skipped(r)]
+    summary.update(skipped=len(valid) - len(scored), quality_evaluated=len(scored))
     speedup_forwards = [r["baseline_forwards"] / r["residual_forwards"] for r in valid]
     speedup_wall = [r["baseline_seconds"] / r["residual_seconds"] for r in valid]
     kept = [r["accepted_tokens"] / r["draft_tokens"] for r in valid if r["draft_tokens"]]
     summary.update(
-        quality_base=_mean(r["base_score"] for r in valid),
-        quality_stream=_mean(r["stream_score"] for r in valid),
+        quality_base=_mean(r["base_score"] for r in scored),
+        quality_stream=_mean(r["stream_score"] for r in scored),
+        agreement_f1=_mean(token_f1(r["stream_answer"], r["base_answer"]) for r in valid),
         forwards_base_median=statistics.median(r["baseline_forwards"] for r in valid),
         forwards_stream_median=statistics.median(r["residual_forwards"] for r in valid),
         speedup_forwards_mean=_mean(speedup_forwards),
@@ -37,6 +45,34 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         for bound in (1.0, 0.9, 0.8):
             summary[f"below_{bound:g}x_{name}"] = _mean(v < bound for v in values)
     return summary
+
+
+def is_skipped(record: dict[str, Any]) -> bool:
+    """A record whose answers could not be executed here (see `Score.detail`)."""
+    return str(record.get("base_status", "")).startswith("skipped")
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def normalize_text(text: str) -> str:
+    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = _ARTICLES.sub(" ", text.lower().translate(_PUNCTUATION))
+    return " ".join(text.split())
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    """Harmonic mean of token precision and recall after `normalize_text`
+    (1.0 when both are empty, 0.0 when only one is)."""
+    predicted, expected = normalize_text(prediction).split(), normalize_text(reference).split()
+    if not predicted or not expected:
+        return float(predicted == expected)
+    common = sum((Counter(predicted) & Counter(expected)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(expected)
+    return 2 * precision * recall / (precision + recall)
 
 
 def running_medians(records: list[dict[str, Any]]) -> dict[str, str]:

@@ -40,3 +40,61 @@ def _cell(summary: dict[str, Any], key, fmt: str) -> str:
     if any(k not in summary for k in keys):
         return "-"
     return fmt.format(*(summary[k] for k in keys))
+
+
+# Table 1: what streaming does to answer quality (per benchmark, macro average).
+QUALITY_COLUMNS = [
+    ("n", "evaluated", "{:g}"),
+    ("skipped", "skipped", "{:g}"),
+    ("quality base", "quality_base", "{:.1%}"),
+    ("quality stream", "quality_stream", "{:.1%}"),
+    ("delta", "quality_delta", "{:+.1%}"),
+    ("identical answers", "identical_to_baseline", "{:.1%}"),
+    ("agreement F1", "agreement_f1", "{:.1%}"),
+]
+# Summary keys that are counts: the macro row sums them instead of averaging.
+COUNT_KEYS = ("requests", "excluded_empty", "evaluated", "skipped", "quality_evaluated")
+
+
+def macro_average(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Unweighted mean over benchmarks of every numeric column (counts summed);
+    a column missing from a benchmark is averaged over those that have it."""
+    keys = {k for s in summaries.values() for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    macro: dict[str, Any] = {}
+    for key in sorted(keys):
+        values = [s[key] for s in summaries.values() if isinstance(s.get(key), (int, float))]
+        macro[key] = sum(values) if key in COUNT_KEYS else sum(values) / len(values)
+    return macro
+
+
+def with_quality_delta(summary: dict[str, Any]) -> dict[str, Any]:
+    if "quality_base" in summary and "quality_stream" in summary:
+        return summary | {"quality_delta": summary["quality_stream"] - summary["quality_base"]}
+    return summary
+
+
+def quality_table(summaries: dict[str, dict[str, Any]], metrics: dict[str, str]) -> str:
+    """Table 1 layout: one row per benchmark (with its metric), then the macro average."""
+    header = ["benchmark", "metric"] + [name for name, _, _ in QUALITY_COLUMNS]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, summary in summaries.items():
+        summary = with_quality_delta(summary)
+        cells = [name, metrics.get(name, "")] + [_cell(summary, key, fmt) for _, key, fmt in QUALITY_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def suite_report(by_rule: dict[str, dict[str, dict[str, Any]]], metrics: dict[str, str], title: str) -> str:
+    """The suite's report: per acceptance rule, Table 1 (quality) and Table 2
+    (the PROTOCOL.md columns), each ending in the macro average over benchmarks."""
+    parts = [f"# {title}"]
+    for rule, summaries in by_rule.items():
+        rows = dict(summaries) | {"macro average": macro_average(summaries)}
+        parts += [
+            f"## acceptance `{rule}`",
+            "### Table 1: quality (pass@1 or token F1; skipped problems left out)",
+            quality_table(rows, metrics),
+            "### Table 2: streaming cost and speedup (medians of forwards; shares of requests)",
+            markdown_table(rows),
+        ]
+    return "\n\n".join(parts) + "\n"

@@ -6,7 +6,9 @@ and file size (which also caps its captured output). When the evaluator runs as
 root, the program additionally runs under a throw-away user id of its own (it
 can neither write outside its directory nor signal our processes, and the
 process limit counts only its own processes) in a fresh network namespace
-(no network). After the run every process of that user id is killed, so a
+(no network) and a mount namespace of its own in which /tmp, /var/tmp, /run/lock and
+/dev/shm are fresh private tmpfs (only its working directory is visible under
+/tmp), so nothing outside its directory can change. After the run every process of that user id is killed, so a
 program that forks and detaches leaves nothing behind.
 
 A program passes only when it exits 0 AND prints a per-run random token that is
@@ -30,7 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-CLONE_NEWNET = 0x40000000
+CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000
+MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
+# World-writable places a throw-away uid could still write to: each gets a small
+# private tmpfs in the program's own mount namespace, gone when it exits.
+SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
+PRIVATE_TMPFS_OPTIONS = b"size=64m,mode=1777"
 PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 8, 47, 2
 CAP_DAC_READ_SEARCH = 2
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -99,7 +106,9 @@ def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> Executi
 
 def _execute(workdir: Path, uid: int | None, limits: SandboxLimits) -> ExecutionResult:
     stdout_path, stderr_path = workdir / ".stdout", workdir / ".stderr"
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8",
+           # One thread per numeric library (programs run in parallel), no display.
+           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
     start = time.monotonic()
     with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
         process = subprocess.Popen(
@@ -109,7 +118,7 @@ def _execute(workdir: Path, uid: int | None, limits: SandboxLimits) -> Execution
             stdout=stdout,
             stderr=stderr,
             env=env,
-            preexec_fn=lambda: _contain(uid, limits),
+            preexec_fn=lambda: _contain(uid, limits, workdir),
         )
         timed_out = False
         try:
@@ -130,9 +139,10 @@ def _execute(workdir: Path, uid: int | None, limits: SandboxLimits) -> Execution
     )
 
 
-def _contain(uid: int | None, limits: SandboxLimits) -> None:
+def _contain(uid: int | None, limits: SandboxLimits, workdir: Path) -> None:
     """Runs in the child between fork and exec: limits first, privileges last."""
     os.setsid()
+    os.chdir(workdir)
     resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
     resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
@@ -141,11 +151,29 @@ def _contain(uid: int | None, limits: SandboxLimits) -> None:
         return
     resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
     _LIBC.unshare(CLONE_NEWNET)  # best effort: fails harmlessly where the kernel forbids it
+    _private_tmp(workdir)
     _LIBC.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0)
     os.setgroups([])
     os.setgid(uid)
     os.setuid(uid)
     _keep_read_access()
+
+
+def _private_tmp(workdir: Path) -> None:
+    """Best effort, like the network namespace: a private mount namespace with
+    fresh tmpfs over the shared writable directories, and the working directory
+    bound back at its own path. Nothing is mounted unless the namespace is
+    private, so no mount can ever propagate to the host."""
+    if _LIBC.unshare(CLONE_NEWNS) != 0 or _LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return
+    for directory in SHARED_WRITABLE_DIRS:
+        if os.path.isdir(directory) and not os.path.islink(directory):
+            _LIBC.mount(b"tmpfs", directory.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, PRIVATE_TMPFS_OPTIONS)
+    # The cwd still is the old directory: bind it back where its path now points.
+    if not workdir.is_dir():
+        os.makedirs(workdir)
+        _LIBC.mount(b".", str(workdir).encode(), None, MS_BIND | MS_REC, None)
+        os.chdir(workdir)
 
 
 def _keep_read_access() -> None:

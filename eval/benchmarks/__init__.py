@@ -3,9 +3,24 @@
 from __future__ import annotations
 
 from eval.benchmarks.base import Benchmark, Request, Score
+from eval.benchmarks.canitedit import CanItEdit
+from eval.benchmarks.chat import Chat
+from eval.benchmarks.coedit import CoEdIT
+from eval.benchmarks.ds1000 import DS1000
 from eval.benchmarks.humaneval import HumanEval
+from eval.benchmarks.mbpp import MBPP
 
-BENCHMARKS: dict[str, type] = {"humaneval": HumanEval}
+BENCHMARKS: dict[str, type] = {
+    "humaneval": HumanEval,
+    "mbpp": MBPP,
+    "canitedit": CanItEdit,
+    "ds1000": DS1000,
+    "coedit": CoEdIT,
+    "chat": Chat,
+}
+# What `quality` means per benchmark, for report headers.
+QUALITY_METRIC = {"humaneval": "pass@1", "mbpp": "pass@1", "canitedit": "pass@1", "ds1000": "pass@1",
+                  "coedit": "token F1", "chat": "token F1"}
 
 
 def get_benchmark(name: str, path: str | None = None) -> Benchmark:
@@ -15,4 +30,4 @@ def get_benchmark(name: str, path: str | None = None) -> Benchmark:
     return BENCHMARKS[name](path=path)
 
 
-__all__ = ["BENCHMARKS", "Benchmark", "Request", "Score", "get_benchmark"]
+__all__ = ["BENCHMARKS", "QUALITY_METRIC", "Benchmark", "Request", "Score", "get_benchmark"]

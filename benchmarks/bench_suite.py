@@ -1,0 +1,49 @@
+"""The six-benchmark suite on SmolLM2-135M: Table 1 (quality) and Table 2
+(cost and speedup) for `greedy` and `threshold:0.9`, per benchmark and macro.
+
+    python benchmarks/bench_suite.py                         # the full run: 20 per benchmark, 256 tokens
+    python benchmarks/bench_suite.py --limit 3 --max-new-tokens 32   # a reduced run
+
+Data: the real samples in ../shared/data, and the schema fixtures for CoEdIT
+and UltraChat (recipes/eval/suite_smollm2.yaml). Results are resumable: rerun
+the same command after an interruption; each benchmark and rule keeps its own
+results.jsonl under --output-dir (a different --max-new-tokens needs another dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from eval.config import EvalConfig
+from eval.suite import run_suite
+from headstart.config import load_config
+from headstart.models import load_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--limit", type=int, default=20, help="requests per benchmark")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--benchmarks", default="humaneval,mbpp,canitedit,ds1000,coedit,chat")
+    parser.add_argument("--acceptances", default="greedy,threshold:0.9")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--output-dir", default=None, help="default outputs/bench/suite-<limit>-<max_new_tokens>")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    output_dir = args.output_dir or f"outputs/bench/suite-{args.limit}-{args.max_new_tokens}"
+    config = load_config(EvalConfig, ["recipe=suite_smollm2"])
+    config.model, config.limit, config.max_new_tokens, config.output_dir = args.model, args.limit, args.max_new_tokens, output_dir
+    config.benchmarks = args.benchmarks.split(",")
+    config.acceptances = args.acceptances.split(",")
+    config.data_paths = {k: v for k, v in config.data_paths.items() if k in config.benchmarks}
+    start = time.perf_counter()
+    run_suite(config, load_model(args.model))
+    print(f"suite: {time.perf_counter() - start:.0f}s, limit={args.limit}, max_new_tokens={args.max_new_tokens}")
+
+
+if __name__ == "__main__":
+    main()

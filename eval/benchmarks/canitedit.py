@@ -1,0 +1,50 @@
+"""CanItEdit (105 instructed code edits), pass@1 on the hidden tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eval.benchmarks.base import Request, Score, streamable
+from eval.benchmarks.sources import read_rows, require_fields
+from eval.extract import extract_code
+from eval.sandbox import SandboxLimits, run_tests
+from headstart.segment import segment_request
+
+HUB_ID, SPLIT = "nuprl/CanItEdit", "test"
+FIELDS = ("id", "before", "tests", "instruction_descriptive", "instruction_lazy")
+
+
+def canitedit_request_text(before: str, instruction: str) -> str:
+    """PROTOCOL.md: the program to edit first, the instruction last."""
+    return f"```python\n{before.rstrip()}\n```\n\n{instruction.strip()}"
+
+
+class CanItEdit:
+    """The program (cut at top-level statements), then the instruction's sentences."""
+
+    name = "canitedit"
+
+    def __init__(self, path: str | None = None, limits: SandboxLimits = SandboxLimits(),
+                 instruction: str = "descriptive") -> None:
+        if instruction not in ("descriptive", "lazy"):
+            raise ValueError(f"CanItEdit instruction must be 'descriptive' or 'lazy', not {instruction!r}")
+        self.path = path
+        self.limits = limits
+        self.instruction = f"instruction_{instruction}"
+
+    def load(self, limit: int | None = None) -> list[Request]:
+        rows = read_rows(self.path, HUB_ID, SPLIT)
+        require_fields(rows, FIELDS, f"CanItEdit {self.path or HUB_ID}")
+        requests = streamable([self._request(row) for row in sorted(rows, key=lambda r: int(r["id"]))])
+        return requests[:limit] if limit is not None else requests
+
+    def _request(self, row: dict[str, Any]) -> Request:
+        text = canitedit_request_text(row["before"], row[self.instruction])
+        name = row.get("full_name") or f"{row['id']}_{row.get('name', '')}"
+        return Request(f"canitedit/{name}", segment_request(text), reference={"tests": row["tests"]})
+
+    def score(self, request: Request, answer: str) -> Score:
+        # The edited program is the whole answer's code; the tests follow it.
+        program = f"{extract_code(answer)}\n\n{request.reference['tests']}\n"
+        result = run_tests(program, self.limits)
+        return Score(value=float(result.passed), passed=result.passed, detail=result.status)

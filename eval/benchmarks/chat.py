@@ -1,0 +1,103 @@
+"""Multi-turn chat: UltraChat dialogues (ultrachat_200k schema) and MT-Bench
+questions. The history is present at every step and only the final user turn
+is streamed (PROTOCOL.md); the answer is scored by normalised token F1 against
+the reference answer. Agreement with the base model's own answer is a summary
+column of every benchmark (`agreement_f1`)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+from eval.benchmarks.base import Request, Score, streamable
+from eval.benchmarks.sources import read_rows, require_fields
+from eval.metrics import token_f1
+from headstart.segment import segment_request
+
+ULTRACHAT_HUB, ULTRACHAT_SPLIT = "HuggingFaceH4/ultrachat_200k", "test_sft"
+MT_BENCH_URL = "https://raw.githubusercontent.com/lm-sys/FastChat/main/fastchat/llm_judge/data/mt_bench/"
+MT_BENCH_QUESTIONS = "question.jsonl"
+MT_BENCH_REFERENCES = "reference_answer/gpt-4.jsonl"
+
+
+def dialogue_request(request_id: str, messages: list[dict[str, str]]) -> Request | None:
+    """The last user turn that has an answer: streamed, after the turns before it."""
+    for index in range(len(messages) - 2, -1, -1):
+        if messages[index]["role"] == "user" and messages[index + 1]["role"] == "assistant":
+            history = [{"role": m["role"], "content": m["content"]} for m in messages[:index]]
+            return Request(request_id, segment_request(messages[index]["content"]), history=history,
+                           reference={"answer": messages[index + 1]["content"], "source": "ultrachat"})
+    return None
+
+
+def mt_bench_requests(questions: list[dict[str, Any]], references: list[dict[str, Any]]) -> list[Request]:
+    """Each question with a reference answer (the others have nothing to score
+    against): its first turn alone, and its second turn after the first turn and
+    the reference's first answer."""
+    answers = {row["question_id"]: row["choices"][0]["turns"] for row in references}
+    requests = []
+    for question in questions:
+        turns, reference = question["turns"], answers.get(question["question_id"])
+        if reference is None:
+            continue
+        meta = {"source": "mt_bench", "category": question.get("category", "")}
+        history: list[dict[str, str]] = []
+        for number, (turn, answer) in enumerate(zip(turns, reference), 1):
+            requests.append(Request(f"mtbench/{question['question_id']}-{number}", segment_request(turn),
+                                    history=list(history), reference={"answer": answer, **meta}))
+            history += [{"role": "user", "content": turn}, {"role": "assistant", "content": answer}]
+    return requests
+
+
+class Chat:
+    """`path`: comma-separated local sources. An MT-Bench directory (or its
+    question.jsonl, with reference_answer/gpt-4.jsonl beside it) and UltraChat
+    files; without `path`, the hub's ultrachat_200k and FastChat's MT-Bench."""
+
+    name = "chat"
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
+
+    def load(self, limit: int | None = None) -> list[Request]:
+        sources = self._sources()
+        groups = [streamable(self._ultrachat(p)) for p in sources["ultrachat"]]
+        groups += [streamable(self._mt_bench(p)) for p in sources["mt_bench"]]
+        # Interleaved, so that the first N requests hold every source.
+        mixed = [r for batch in itertools.zip_longest(*groups) for r in batch if r is not None]
+        return mixed[:limit] if limit is not None else mixed
+
+    def _sources(self) -> dict[str, list[str | None]]:
+        if self.path is None:
+            return {"ultrachat": [None], "mt_bench": [None]}
+        sources: dict[str, list[str | None]] = {"ultrachat": [], "mt_bench": []}
+        for piece in (p.strip() for p in self.path.split(",") if p.strip()):
+            path = Path(piece)
+            if not path.exists():
+                raise FileNotFoundError(f"chat data not found: {path}")
+            is_mt_bench = path.name == MT_BENCH_QUESTIONS or (path / MT_BENCH_QUESTIONS).is_file()
+            sources["mt_bench" if is_mt_bench else "ultrachat"].append(piece)
+        return sources
+
+    def _ultrachat(self, path: str | None) -> list[Request]:
+        rows = read_rows(path, ULTRACHAT_HUB, ULTRACHAT_SPLIT)
+        require_fields(rows, ("prompt_id", "messages"), f"UltraChat {path or ULTRACHAT_HUB}")
+        requests = [dialogue_request(f"ultrachat/{row['prompt_id'][:12]}", row["messages"]) for row in rows]
+        return [r for r in requests if r is not None]
+
+    def _mt_bench(self, path: str | None) -> list[Request]:
+        if path is None:
+            questions = read_rows(None, MT_BENCH_URL + MT_BENCH_QUESTIONS, "train")
+            references = read_rows(None, MT_BENCH_URL + MT_BENCH_REFERENCES, "train")
+        else:
+            directory = Path(path) if Path(path).is_dir() else Path(path).parent
+            questions = read_rows(directory / MT_BENCH_QUESTIONS, "", "")
+            references = read_rows(directory / MT_BENCH_REFERENCES, "", "")
+        require_fields(questions, ("question_id", "turns"), "MT-Bench questions")
+        require_fields(references, ("question_id", "choices"), "MT-Bench reference answers")
+        return mt_bench_requests(questions, references)
+
+    def score(self, request: Request, answer: str) -> Score:
+        f1 = token_f1(answer, request.reference["answer"])
+        return Score(value=f1, detail=f"f1={f1:.3f}")

@@ -1,0 +1,52 @@
+"""CoEdIT (text edits: grammar, fluency, clarity, coherence, simplification,
+paraphrase, neutralisation), scored by normalised token F1 against `tgt`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eval.benchmarks.base import Request, Score, streamable
+from eval.benchmarks.sources import read_rows, require_fields
+from eval.extract import extract_text
+from eval.metrics import token_f1
+from headstart.segment import segment_text
+
+HUB_ID, SPLIT = "grammarly/coedit", "validation"
+FIELDS = ("_id", "src", "tgt")
+
+
+def split_source(src: str) -> tuple[str, str]:
+    """`src` is "instruction: text"; the instruction ends at the first colon."""
+    instruction, colon, text = src.partition(":")
+    if not colon or not text.strip():
+        raise ValueError(f"CoEdIT src is not 'instruction: text': {src[:80]!r}")
+    return instruction.strip(), text.strip()
+
+
+def coedit_request_text(src: str) -> str:
+    """PROTOCOL.md: the text to edit first, the instruction last."""
+    instruction, text = split_source(src)
+    return f"{text}\n\n{instruction}."
+
+
+class CoEdIT:
+    """The text by sentence, then the instruction; F1 of the edited text."""
+
+    name = "coedit"
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
+
+    def load(self, limit: int | None = None) -> list[Request]:
+        rows = read_rows(self.path, HUB_ID, SPLIT)
+        require_fields(rows, FIELDS, f"CoEdIT {self.path or HUB_ID}")
+        requests = streamable([self._request(row) for row in rows])
+        return requests[:limit] if limit is not None else requests
+
+    def _request(self, row: dict[str, Any]) -> Request:
+        reference = {"tgt": row["tgt"], "task": row.get("task", "")}
+        return Request(f"coedit/{row['_id']}", segment_text(coedit_request_text(row["src"])), reference=reference)
+
+    def score(self, request: Request, answer: str) -> Score:
+        f1 = token_f1(extract_text(answer), request.reference["tgt"])
+        return Score(value=f1, detail=f"f1={f1:.3f}")

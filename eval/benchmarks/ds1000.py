@@ -1,0 +1,120 @@
+"""DS-1000 (1000 data-science problems, seven libraries), with the official
+postprocessing and execution: code_context + solution + test_execution.
+
+A problem whose libraries are not installed here is scored as skipped (counted
+in the summary, left out of quality), never as a pass or a fail. The official
+harness pins library versions (the `ds1000` extra); other versions may fail
+some reference solutions, so report the versions with the numbers."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+from functools import lru_cache
+from typing import Any
+
+from eval.benchmarks.base import Request, Score, streamable
+from eval.benchmarks.sources import read_rows, require_fields
+from eval.extract import ds1000_postprocess
+from eval.sandbox import SandboxLimits, run_tests
+from headstart.segment import segment_code, segment_text
+
+HUB_ID, SPLIT = "xlang-ai/DS-1000", "test"
+FIELDS = ("prompt", "code_context", "metadata")
+# The official harness allows 120 s per problem; importing torch or TensorFlow
+# maps several GB of address space, hence the larger memory limit.
+DS1000_LIMITS = SandboxLimits(cpu_seconds=60, wall_seconds=120, memory_bytes=16 << 30, max_processes=64)
+LIBRARY_MODULES = {
+    "Pandas": "pandas", "Numpy": "numpy", "Matplotlib": "matplotlib", "Sklearn": "sklearn",
+    "Scipy": "scipy", "Pytorch": "torch", "Tensorflow": "tensorflow",
+}
+_CODE_BLOCK = re.compile(r"<code>\n(.*?)</code>\n?", re.DOTALL)
+
+
+def ds1000_segments(prompt: str) -> list[str]:
+    """Prose by sentence and line, each `<code>` block by `segment_code` (whole
+    lines, never inside a string literal); tags travel with the code they enclose."""
+    pieces: list[str] = []
+    position = 0
+    for block in _CODE_BLOCK.finditer(prompt):
+        pieces += segment_text(prompt[position : block.start()])
+        code = segment_code(block.group(1)) or [""]
+        code[0] = prompt[block.start() : block.start(1)] + code[0]
+        code[-1] += prompt[block.end(1) : block.end()]
+        pieces += code
+        position = block.end()
+    pieces += segment_text(prompt[position:])
+    return _merge_blank(pieces)
+
+
+def _merge_blank(pieces: list[str]) -> list[str]:
+    """Whitespace-only pieces join the segment before them (or the first one)."""
+    segments: list[str] = []
+    for piece in pieces:
+        if segments and (not piece.strip() or not segments[-1].strip()):
+            segments[-1] += piece
+        elif piece:
+            segments.append(piece)
+    return segments
+
+
+def test_program(code_context: str, code: str) -> str:
+    """The official test program for one solution."""
+    program = f"{code_context}\ncode = {code!r}\ntest_execution(code)\n"
+    return program + ("test_string(code)\n" if "test_string(" in code_context else "\n")
+
+
+def required_modules(code_context: str, library: str) -> set[str]:
+    """Top-level modules the test program imports, plus the problem's library."""
+    modules = {LIBRARY_MODULES.get(library, library.lower())}
+    try:
+        tree = ast.parse(code_context)
+    except SyntaxError:
+        return modules
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules.add(node.module.split(".")[0])
+    return modules
+
+
+@lru_cache(maxsize=None)
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+class DS1000:
+    """The official prompt, streamed by sentence and code line; official execution."""
+
+    name = "ds1000"
+
+    def __init__(self, path: str | None = None, limits: SandboxLimits = DS1000_LIMITS) -> None:
+        self.path = path
+        self.limits = limits
+
+    def load(self, limit: int | None = None) -> list[Request]:
+        rows = read_rows(self.path, HUB_ID, SPLIT)
+        require_fields(rows, FIELDS, f"DS-1000 {self.path or HUB_ID}")
+        rows = sorted(rows, key=lambda r: int(r["metadata"]["problem_id"]))
+        requests = streamable([self._request(row) for row in rows])
+        return requests[:limit] if limit is not None else requests
+
+    def _request(self, row: dict[str, Any]) -> Request:
+        meta = row["metadata"]
+        reference = {"code_context": row["code_context"], "library": meta["library"],
+                     "reference_code": row.get("reference_code", "")}
+        return Request(f"ds1000/{meta['problem_id']}", ds1000_segments(row["prompt"]), reference=reference)
+
+    def missing_modules(self, request: Request) -> list[str]:
+        ref = request.reference
+        return sorted(m for m in required_modules(ref["code_context"], ref["library"]) if not installed(m))
+
+    def score(self, request: Request, answer: str) -> Score:
+        missing = self.missing_modules(request)
+        if missing:
+            return Score(value=0.0, passed=None, detail=f"skipped: {', '.join(missing)} not installed")
+        program = test_program(request.reference["code_context"], ds1000_postprocess(answer))
+        result = run_tests(program, self.limits)
+        return Score(value=float(result.passed), passed=result.passed, detail=result.status)

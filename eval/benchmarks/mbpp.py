@@ -1,0 +1,67 @@
+"""MBPP (test split: task ids 11-510), pass@1 on the task's test asserts."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from eval.benchmarks.base import Request, Score, streamable
+from eval.benchmarks.sources import read_rows, require_fields
+from eval.extract import extract_code
+from eval.sandbox import SandboxLimits, run_tests
+from headstart.segment import segment_text
+
+HUB_ID, HUB_CONFIG, SPLIT = "google-research-datasets/mbpp", "full", "test"
+TEST_IDS = range(11, 511)
+FIELDS = ("task_id", "test_list")
+TESTS_INTRO = "Your code should pass these tests:\n```python\n"
+
+
+def mbpp_segments(description: str, tests: list[str]) -> list[str]:
+    """The description by sentence, then one segment per assert line (whole
+    lines of code); the fence opens with the first assert and closes with the last.
+    Benchmark-specific: `segment_code` keeps adjacent top-level lines together."""
+    segments = segment_text(description.strip() + "\n")
+    lines = [test.strip() + "\n" for test in tests]
+    lines[0] = TESTS_INTRO + lines[0]
+    lines[-1] += "```"
+    return segments + lines
+
+
+def entry_point(tests: list[str]) -> str | None:
+    """The function the asserts call first (`assert name(`)."""
+    match = re.search(r"assert\s+\(?\s*([A-Za-z_]\w*)\s*\(", tests[0]) if tests else None
+    return match.group(1) if match else None
+
+
+class MBPP:
+    """Description sentences, then the asserts one by one; scored by running them."""
+
+    name = "mbpp"
+
+    def __init__(self, path: str | None = None, limits: SandboxLimits = SandboxLimits()) -> None:
+        self.path = path
+        self.limits = limits
+
+    def load(self, limit: int | None = None) -> list[Request]:
+        rows = read_rows(self.path, HUB_ID, SPLIT, HUB_CONFIG)
+        require_fields(rows, FIELDS, f"MBPP {self.path or HUB_ID}")
+        requests = [self._request(row) for row in rows if int(row["task_id"]) in TEST_IDS]
+        requests = streamable(sorted(requests, key=lambda r: int(r.request_id.split("/")[1])))
+        return requests[:limit] if limit is not None else requests
+
+    def _request(self, row: dict[str, Any]) -> Request:
+        # The original file names the description `text`; the sanitized one `prompt`.
+        description = row.get("text") or row.get("prompt")
+        if description is None:
+            raise ValueError(f"MBPP task {row['task_id']} has neither 'text' nor 'prompt'")
+        setup = row.get("test_setup_code", "") or "\n".join(row.get("test_imports", []))
+        reference = {"tests": list(row["test_list"]), "setup": setup, "entry_point": entry_point(row["test_list"])}
+        return Request(f"mbpp/{row['task_id']}", mbpp_segments(description, row["test_list"]), reference=reference)
+
+    def score(self, request: Request, answer: str) -> Score:
+        ref = request.reference
+        code = extract_code(answer, ref["entry_point"])
+        program = "\n".join([ref["setup"], code, "", *ref["tests"]]) + "\n"
+        result = run_tests(program, self.limits)
+        return Score(value=float(result.passed), passed=result.passed, detail=result.status)

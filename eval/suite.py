@@ -1,0 +1,53 @@
+"""Run several benchmarks (and acceptance rules) into one report: Table 1
+(quality) and Table 2 (cost and speedup), per benchmark and macro average.
+
+Each benchmark and rule is an ordinary resumable `run_evaluation` in its own
+directory under the suite's output_dir, so an interrupted suite continues."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from eval.benchmarks import QUALITY_METRIC
+from eval.config import EvalConfig
+from eval.report import macro_average, suite_report
+from eval.runner import run_evaluation
+from headstart.models import LoadedModel, load_model
+
+
+def suite_output_dir(config: EvalConfig) -> Path:
+    if config.output_dir:
+        return Path(config.output_dir)
+    return Path("outputs") / "eval" / f"suite-{Path(config.adapter or config.model).name}"
+
+
+def run_suite(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """Evaluate every benchmark under every rule; writes summary.json and report.md."""
+    names = config.benchmarks or [config.benchmark]
+    unknown = set(config.data_paths) - set(names)
+    if unknown:
+        raise ValueError(f"data_paths names benchmarks not in the suite: {', '.join(sorted(unknown))}")
+    output_dir = suite_output_dir(config)
+    loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
+    by_rule: dict[str, dict[str, dict[str, Any]]] = {}
+    for rule in config.acceptances or [config.acceptance]:
+        by_rule[rule] = {}
+        for name in names:
+            single = replace(config, benchmark=name, acceptance=rule, data_path=config.data_paths.get(name),
+                             benchmarks=[], acceptances=[], data_paths={},
+                             output_dir=str(output_dir / name / rule.replace(":", "")))
+            by_rule[rule][name] = run_evaluation(single, loaded)
+    write_suite_report(output_dir, by_rule, config)
+    return by_rule
+
+
+def write_suite_report(output_dir: Path, by_rule: dict[str, dict[str, dict[str, Any]]], config: EvalConfig) -> None:
+    summary = {rule: dict(s) | {"macro average": macro_average(s)} for rule, s in by_rule.items()}
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    title = f"Streaming evaluation suite: {config.adapter or config.model}, max_new_tokens={config.max_new_tokens}"
+    report = suite_report(by_rule, QUALITY_METRIC, title)
+    (output_dir / "report.md").write_text(report)
+    print(f"\n{report}\nreport: {output_dir / 'report.md'}")
