@@ -57,3 +57,21 @@ def test_train_sbatch_runs_on_two_nodes_and_leaves_a_merged_model(tmp_path, tiny
     assert "processes: 2 (MULTI_CPU)" in log
     assert (out / "merged" / "config.json").is_file()
     assert (out / "adapter" / "adapter_config.json").is_file()
+
+
+def test_pipeline_chains_data_train_and_before_after_eval(tmp_path, tiny_qwen3_dir):
+    data_dir, run_dir, report_dir = tmp_path / "data", tmp_path / "run", tmp_path / "report"
+    train = tiny_overrides(tiny_qwen3_dir, data_dir, run_dir, max_steps=2, save_steps=2, merge="false")
+    evaluation = [f"model={tiny_qwen3_dir}", f"adapted={run_dir / 'adapter'}", "limit=2", "max_new_tokens=8",
+                  f"output_dir={report_dir}"]
+    result = subprocess.run(
+        ["bash", "slurm/pipeline.sh", "--data", f"recipe=embedded_prefix output_dir={data_dir}",
+         "--train", "recipe=smollm2_prefix " + " ".join(train), "--train-sbatch", "--nodes=2",
+         "--eval", "recipe=before_after_smollm2 " + " ".join(evaluation), "--wait"],
+        cwd=REPO, env=slurm_env(), capture_output=True, text=True, timeout=1500,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (data_dir / "train").is_dir()
+    assert (run_dir / "adapter" / "adapter_config.json").is_file()
+    report = (report_dir / "report.md").read_text()
+    assert "Table 2" in report and (report_dir / "figures" / "acceptance.png").is_file()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Data build -> training -> before/after evaluation, each job starting only
+# when the previous one succeeded (--dependency=afterok).
+#
+#   slurm/pipeline.sh --data "recipe=lmsys_prefix" \
+#                     --train "recipe=qwen3_prefix" --train-sbatch "--nodes 4 --gpus-per-node 8" \
+#                     --eval "recipe=before_after_qwen3" --eval-sbatch "--gpus 1" [--wait]
+#
+# Arguments inside the quotes are passed through as key=value overrides.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+data_args="recipe=embedded_prefix" train_args="recipe=smollm2_prefix" eval_args="recipe=before_after_smollm2"
+data_sbatch="" train_sbatch="" eval_sbatch="" wait=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --data) data_args=$2; shift 2 ;;
+    --train) train_args=$2; shift 2 ;;
+    --eval) eval_args=$2; shift 2 ;;
+    --data-sbatch) data_sbatch=$2; shift 2 ;;
+    --train-sbatch) train_sbatch=$2; shift 2 ;;
+    --eval-sbatch) eval_sbatch=$2; shift 2 ;;
+    --wait) wait="--wait"; shift ;;
+    *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+mkdir -p logs
+# A failed step cancels what depends on it instead of leaving it pending forever.
+submit() { sbatch --parsable --kill-on-invalid-dep=yes "$@" | cut -d';' -f1; }
+# shellcheck disable=SC2086  # the *_args strings are deliberately word-split into overrides
+data_job=$(submit $data_sbatch slurm/data.sbatch $data_args)
+train_job=$(submit --dependency=afterok:$data_job $train_sbatch slurm/train.sbatch $train_args)
+echo "data $data_job -> train $train_job -> eval (submitting)"
+eval_job=$(submit $wait --dependency=afterok:$train_job $eval_sbatch slurm/eval.sbatch $eval_args)
+echo "eval $eval_job"
