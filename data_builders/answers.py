@@ -14,7 +14,11 @@ from data_builders.paths import resolve
 from data_builders.select import Selection
 
 
-def gather(analysed: Dataset, selection: Selection, config: BuildConfig, work: Path):
+Answers = dict[int, str]  # analysed row -> answer to the complete request
+Drafts = dict[tuple[int, int], str]  # (analysed row, i) -> answer to S_(i-1)
+
+
+def gather(analysed: Dataset, selection: Selection, config: BuildConfig, work: Path) -> tuple[Answers | None, Drafts | None]:
     """Generated answers per chosen row (None: references, read later from the data),
     and drafts per (row, i) for draft-refinement."""
     if config.answers == "reference" and config.pairs != "draft_refinement":
@@ -45,7 +49,7 @@ def gather(analysed: Dataset, selection: Selection, config: BuildConfig, work: P
     return answers, {(row, i): text for (row, i, _), text in zip(wanted, texts)}
 
 
-def has_answer(analysed: Dataset, chosen: np.ndarray, answers: dict[int, str] | None) -> np.ndarray:
+def has_answer(analysed: Dataset, chosen: np.ndarray, answers: Answers | None) -> np.ndarray:
     """Which chosen requests have a non-empty answer (empty ones are excluded)."""
     if answers is not None:
         return np.array([bool(answers[int(row)].strip()) for row in chosen], dtype=bool)

@@ -16,6 +16,8 @@ from data_builders.report import Report
 
 
 def save(splits: DatasetDict, config: BuildConfig, report: Report, output: Path, command: str) -> None:
+    """Write everything to OUTPUT.partial, then swap it in: a killed build never leaves
+    a half-written dataset where the trainer looks."""
     partial = output.with_name(output.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     splits.save_to_disk(str(partial))
