@@ -108,7 +108,9 @@ def _execute(workdir: Path, uid: int | None, limits: SandboxLimits) -> Execution
     stdout_path, stderr_path = workdir / ".stdout", workdir / ".stderr"
     env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8",
            # One thread per numeric library (programs run in parallel), no display.
-           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg",
+           # As DS-1000's harness: quiet TensorFlow, no GPU for model-written code.
+           "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
     start = time.monotonic()
     with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
         process = subprocess.Popen(

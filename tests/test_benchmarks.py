@@ -13,7 +13,8 @@ from eval.benchmarks import BENCHMARKS, get_benchmark
 from eval.benchmarks.canitedit import CanItEdit, canitedit_request_text
 from eval.benchmarks.chat import Chat
 from eval.benchmarks.coedit import CoEdIT, coedit_request_text, split_source
-from eval.benchmarks.ds1000 import DS1000, ds1000_segments, installed
+from eval.benchmarks.ds1000 import DS1000, ds1000_segments
+from eval.benchmarks.imports import imported_modules, installed
 from eval.benchmarks.mbpp import MBPP, entry_point
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -83,6 +84,15 @@ def test_canitedit_passes_the_edited_program_and_fails_the_original(shared_data_
     row = rows(path)[0]
     assert benchmark.score(request, fenced(row["after"])).passed
     assert not benchmark.score(request, fenced(row["before"])).passed
+
+
+def test_canitedit_skips_problems_whose_libraries_are_missing(shared_data_dir):
+    benchmark = CanItEdit(str(shared_data_dir / "canitedit" / "canitedit.jsonl"))
+    z3 = [r for r in benchmark.load() if "z3" in imported_modules(r.reference["before"] + "\n" + r.reference["tests"])]
+    assert z3
+    score = benchmark.score(z3[0], fenced(z3[0].reference["before"]))
+    assert score.detail.startswith("skipped") == (not installed("z3"))
+    assert imported_modules("import os.path\nfrom numpy import array\nfrom . import x\n") == {"os", "numpy"}
 
 
 # DS-1000 ------------------------------------------------------------------------------

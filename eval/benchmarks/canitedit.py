@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, streamable
+from eval.benchmarks.imports import missing_modules, skipped_detail
 from eval.benchmarks.sources import read_rows, require_fields
 from eval.extract import extract_code
 from eval.sandbox import SandboxLimits, run_tests
@@ -41,9 +42,14 @@ class CanItEdit:
     def _request(self, row: dict[str, Any]) -> Request:
         text = canitedit_request_text(row["before"], row[self.instruction])
         name = row.get("full_name") or f"{row['id']}_{row.get('name', '')}"
-        return Request(f"canitedit/{name}", segment_request(text), reference={"tests": row["tests"]})
+        reference = {"tests": row["tests"], "before": row["before"]}
+        return Request(f"canitedit/{name}", segment_request(text), reference=reference)
 
     def score(self, request: Request, answer: str) -> Score:
+        # A problem whose program or tests import a missing library is skipped.
+        missing = missing_modules(request.reference["before"], request.reference["tests"])
+        if missing:
+            return Score(value=0.0, passed=None, detail=skipped_detail(missing))
         # The edited program is the whole answer's code; the tests follow it.
         program = f"{extract_code(answer)}\n\n{request.reference['tests']}\n"
         result = run_tests(program, self.limits)

@@ -8,13 +8,11 @@ some reference solutions, so report the versions with the numbers."""
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 import re
-from functools import lru_cache
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, streamable
+from eval.benchmarks.imports import missing_modules, skipped_detail
 from eval.benchmarks.sources import read_rows, require_fields
 from eval.extract import ds1000_postprocess
 from eval.sandbox import SandboxLimits, run_tests
@@ -65,26 +63,6 @@ def test_program(code_context: str, code: str) -> str:
     return program + ("test_string(code)\n" if "test_string(" in code_context else "\n")
 
 
-def required_modules(code_context: str, library: str) -> set[str]:
-    """Top-level modules the test program imports, plus the problem's library."""
-    modules = {LIBRARY_MODULES.get(library, library.lower())}
-    try:
-        tree = ast.parse(code_context)
-    except SyntaxError:
-        return modules
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            modules |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            modules.add(node.module.split(".")[0])
-    return modules
-
-
-@lru_cache(maxsize=None)
-def installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
-
-
 class DS1000:
     """The official prompt, streamed by sentence and code line; official execution."""
 
@@ -108,13 +86,15 @@ class DS1000:
         return Request(f"ds1000/{meta['problem_id']}", ds1000_segments(row["prompt"]), reference=reference)
 
     def missing_modules(self, request: Request) -> list[str]:
+        """The problem's library and every module its test program imports."""
         ref = request.reference
-        return sorted(m for m in required_modules(ref["code_context"], ref["library"]) if not installed(m))
+        library = LIBRARY_MODULES.get(ref["library"], ref["library"].lower())
+        return missing_modules(ref["code_context"], extra=(library,))
 
     def score(self, request: Request, answer: str) -> Score:
         missing = self.missing_modules(request)
         if missing:
-            return Score(value=0.0, passed=None, detail=f"skipped: {', '.join(missing)} not installed")
+            return Score(value=0.0, passed=None, detail=skipped_detail(missing))
         program = test_program(request.reference["code_context"], ds1000_postprocess(answer))
         result = run_tests(program, self.limits)
         return Score(value=float(result.passed), passed=result.passed, detail=result.status)
