@@ -201,3 +201,26 @@ def test_missing_files_and_fields_are_clear_errors(tmp_path):
     broken.write_text("{not json\n")
     with pytest.raises(ValueError, match="not a JSON line"):
         CoEdIT(str(broken)).load()
+
+
+# Round trip ---------------------------------------------------------------------------
+
+def all_requests(shared_data_dir):
+    data = {"mbpp": shared_data_dir / "mbpp" / "mbpp.jsonl", "canitedit": shared_data_dir / "canitedit" / "canitedit.jsonl",
+            "ds1000": shared_data_dir / "ds1000" / "ds1000.jsonl.gz", "coedit": FIXTURES / "coedit" / "validation.jsonl",
+            "chat": f"{FIXTURES / 'ultrachat' / 'test_sft.jsonl'},{shared_data_dir / 'mt_bench'}"}
+    return {name: get_benchmark(name, str(path)).load() for name, path in data.items()} | {"humaneval": get_benchmark("humaneval").load()}
+
+
+def test_every_request_is_streamable_and_its_segments_rebuild_it(shared_data_dir):
+    mbpp_rows = {f"mbpp/{row['task_id']}": row for row in rows(shared_data_dir / "mbpp" / "mbpp.jsonl")}
+    for name, requests in all_requests(shared_data_dir).items():
+        assert requests, name
+        for request in requests:
+            assert len(request.segments) >= 2 and all(s.strip() for s in request.segments), request.request_id
+            assert len({r.request_id for r in requests}) == len(requests), name
+        if name == "mbpp":
+            for request in requests:
+                row = mbpp_rows[request.request_id]
+                tests = "\n".join(test.strip() for test in row["test_list"])
+                assert request.text == f"{row['text'].strip()}\nYour code should pass these tests:\n```python\n{tests}\n```"
