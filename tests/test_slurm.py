@@ -75,3 +75,34 @@ def test_pipeline_chains_data_train_and_before_after_eval(tmp_path, tiny_qwen3_d
     assert (run_dir / "adapter" / "adapter_config.json").is_file()
     report = (report_dir / "report.md").read_text()
     assert "Table 2" in report and (report_dir / "figures" / "acceptance.png").is_file()
+
+
+def test_requeued_training_job_resumes_from_its_last_checkpoint(tmp_path, tiny_qwen3_dir):
+    """Preemption as Slurm does it: the running job is requeued and starts over;
+    train/sft.py then resumes from the last complete checkpoint."""
+    import time
+
+    data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(16))
+    out = tmp_path / "run"
+    overrides = tiny_overrides(tiny_qwen3_dir, data, out, max_steps=6, save_steps=2)
+    submitted = subprocess.run(["sbatch", "--parsable", "--nodes=2", "slurm/train.sbatch", *overrides], cwd=REPO,
+                               env=slurm_env(HEADSTART_STEP_DELAY_S="4"), capture_output=True, text=True, check=True)
+    job_id = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 600
+    while not (out / "checkpoint-2" / "CHECKPOINT_COMPLETE").is_file():
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(1)
+    subprocess.run(["scontrol", "requeue", job_id], env=slurm_env(), check=True)
+    while job_state(job_id) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+        assert time.monotonic() < deadline + 600, f"job {job_id} did not finish"
+        time.sleep(2)
+    log = (REPO / "logs" / f"headstart-train-{job_id}.out").read_text()
+    assert job_state(job_id) == "COMPLETED", log[-3000:]
+    assert "restart 1" in log and "resuming from" in log and "checkpoint-" in log
+    assert (out / "adapter" / "adapter_config.json").is_file()
+
+
+def job_state(job_id: str) -> str:
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=slurm_env(), capture_output=True, text=True)
+    fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
+    return fields.get("JobState", "UNKNOWN")
