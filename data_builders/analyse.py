@@ -38,10 +38,8 @@ def analyse_batch(
     """Per request: segment ends, normalised-text hash, contamination code, token counts."""
     requests, references = batch["request"], batch["reference"]
     cuts = [cut_offsets(r) for r in requests]
-    codes = []
-    for request, reference in zip(requests, references):
-        reason = index.check(request, reference)
-        codes.append(EXACT if reason == "contaminated_exact" else NGRAM if reason else CLEAN)
+    reasons = index.check_batch(requests, references)
+    codes = [EXACT if r == "contaminated_exact" else NGRAM if r else CLEAN for r in reasons]
     out = {
         "cuts": cuts,
         "num_segments": [len(c) for c in cuts],

@@ -125,7 +125,7 @@ def _key(*parts: Any) -> str:
 
 
 def _analyse(requests: Dataset, config: BuildConfig, work: Path, index: DecontaminationIndex, tokenizer) -> Dataset:
-    index_id = [len(index.exact), len(index.ngrams), sum(index.exact) % (1 << 61), index.n]
+    index_id = [len(index.exact), len(index.ngrams), sum(index.exact) % (1 << 61), int(index.ngrams.sum(dtype=np.uint64)), index.n]
     key = _key("analyse", ANALYSIS_VERSION, collect_key(config), index_id, tokenizer_name(config), config.format)
     return requests.map(
         analyse_batch,

@@ -68,6 +68,8 @@ def _drops(report: Report) -> list[str]:
     for source, reasons in report.read_drops.items():
         out += [f"| read {source} | `{r}` | {c} | {explain(r)} |" for r, c in reasons.items()]
     out += [f"| build | `{r}` | {c} | {explain(r)} |" for r, c in report.drops.items()]
+    if len(out) == 4:
+        out.append("| - | nothing dropped | 0 | |")
     return out + [""]
 
 

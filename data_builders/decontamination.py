@@ -13,8 +13,12 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 _WORD = re.compile(r"\w+")
 
@@ -34,14 +38,52 @@ def stable_hash(text: str) -> int:
 BOILERPLATE = ("your code should pass these tests",)
 
 
-def ngram_hashes(text: str, n: int) -> set[int]:
-    """Hashes of the word n-grams of `text`, minus template phrases and all-number runs."""
+@lru_cache(maxsize=1 << 20)
+def _word_hash(word: str) -> int:
+    return stable_hash(word)
+
+
+def _powers(n: int) -> np.ndarray:
+    """Multipliers of a polynomial hash over n word hashes (arithmetic mod 2**64)."""
+    base, mask = 1099511628211, (1 << 64) - 1
+    return np.array([pow(base, n - 1 - k, 1 << 64) & mask for k in range(n)], dtype=np.uint64)
+
+
+def _words(text: str) -> list[str]:
     lowered = text.lower()
     for phrase in BOILERPLATE:
         lowered = lowered.replace(phrase, " ")
-    words = _WORD.findall(lowered)
-    grams = (words[i : i + n] for i in range(len(words) - n + 1))
-    return {stable_hash(" ".join(g)) for g in grams if not all(w.isdigit() for w in g)}
+    return _WORD.findall(lowered)
+
+
+def _window_hashes(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hashes of every word n-gram of every text, and which text each belongs to.
+
+    Each word is hashed once and an n-gram hash is a polynomial of its word
+    hashes, computed for a whole batch of texts at once: the check runs on every
+    request and answer of a 1M-row corpus, so it must not hash n-gram strings.
+    n-grams made only of numbers are left out (data tables match by chance).
+    """
+    words = [_words(t) for t in texts]
+    lengths = np.array([len(w) for w in words], dtype=np.int64)
+    total = int(lengths.sum())
+    if total < n:
+        return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
+    flat = [w for ws in words for w in ws]
+    ids = np.fromiter((_word_hash(w) for w in flat), dtype=np.uint64, count=total)
+    digits = np.fromiter((w.isdigit() for w in flat), dtype=bool, count=total)
+    with np.errstate(over="ignore"):
+        hashes = (sliding_window_view(ids, n) * _powers(n)).sum(axis=1, dtype=np.uint64)
+    owner = np.repeat(np.arange(len(texts)), lengths)[: len(hashes)]
+    ends = np.cumsum(lengths)[owner]
+    starts = np.arange(len(hashes))
+    valid = (starts + n <= ends) & ~sliding_window_view(digits, n).all(axis=1)
+    return hashes[valid], owner[valid]
+
+
+def ngram_hashes(text: str, n: int) -> np.ndarray:
+    """The word n-gram hashes of one text."""
+    return _window_hashes([text], n)[0]
 
 
 @dataclass
@@ -50,26 +92,34 @@ class DecontaminationIndex:
 
     n: int = 13
     exact: set[int] = field(default_factory=set)
-    ngrams: set[int] = field(default_factory=set)
+    ngrams: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.uint64))  # sorted, unique
     texts_per_benchmark: dict[str, int] = field(default_factory=dict)
 
     def add(self, benchmark: str, texts: Iterable[str]) -> None:
-        count = 0
-        for text in texts:
-            if isinstance(text, str) and text.strip():
-                self.exact.add(stable_hash(normalise(text)))
-                self.ngrams |= ngram_hashes(text, self.n)
-                count += 1
-        self.texts_per_benchmark[benchmark] = self.texts_per_benchmark.get(benchmark, 0) + count
+        kept = [t for t in texts if isinstance(t, str) and t.strip()]
+        self.exact.update(stable_hash(normalise(t)) for t in kept)
+        self.ngrams = np.unique(np.concatenate([self.ngrams, _window_hashes(kept, self.n)[0]]))
+        self.texts_per_benchmark[benchmark] = self.texts_per_benchmark.get(benchmark, 0) + len(kept)
+
+    def ngram_hits(self, texts: list[str]) -> np.ndarray:
+        """For each text, whether it shares an n-gram with the index."""
+        hashes, owner = _window_hashes(texts, self.n)
+        hit = np.zeros(len(texts), dtype=bool)
+        if len(hashes) and len(self.ngrams):
+            positions = np.minimum(np.searchsorted(self.ngrams, hashes), len(self.ngrams) - 1)
+            hit[owner[self.ngrams[positions] == hashes]] = True
+        return hit
+
+    def check_batch(self, requests: list[str], answers: list[str | None]) -> list[str]:
+        """Per request: "" when clean, else "contaminated_exact" or "contaminated_ngram"."""
+        ngram = self.ngram_hits(list(requests)) | self.ngram_hits([a or "" for a in answers])
+        return [
+            "contaminated_exact" if stable_hash(normalise(r)) in self.exact else "contaminated_ngram" if hit else ""
+            for r, hit in zip(requests, ngram)
+        ]
 
     def check(self, request: str, answer: str | None = None) -> str:
-        """"" when clean, else the reason: "contaminated_exact" or "contaminated_ngram"."""
-        if stable_hash(normalise(request)) in self.exact:
-            return "contaminated_exact"
-        for text in (request, answer or ""):
-            if not self.ngrams.isdisjoint(ngram_hashes(text, self.n)):
-                return "contaminated_ngram"
-        return ""
+        return self.check_batch([request], [answer])[0]
 
 
 # --- benchmark loaders: name -> texts (requests and reference solutions) ---------------------
