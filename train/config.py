@@ -57,11 +57,11 @@ class TrainingSection:
     output_dir: str | None = field(default=None, metadata={"help": "run directory; default outputs/train/<recipe>"})
     learning_rate: float = field(default=2e-4, metadata={"help": "peak learning rate"})
     effective_batch_size: int = field(
-        default=8, metadata={"help": "sequences per optimizer step = world size x per-device batch x accumulation"}
+        default=4, metadata={"help": "sequences per optimizer step = world size x per-device batch x accumulation"}
     )
     per_device_train_batch_size: int = field(default=2, metadata={"help": "sequences per process per micro-step"})
     max_length: int = field(default=512, metadata={"help": "tokens per sequence (longer ones are truncated)"})
-    max_steps: int = field(default=40, metadata={"help": "optimizer steps"})
+    max_steps: int = field(default=30, metadata={"help": "optimizer steps"})
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "transformers scheduler name"})
     warmup_ratio: float = field(default=0.03, metadata={"help": "share of steps spent warming up"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
@@ -72,7 +72,7 @@ class TrainingSection:
     packing: bool = field(default=False, metadata={"help": "pack sequences (bfd, padding-free) instead of padding"})
     padding_free: bool = field(default=False, metadata={"help": "flatten each batch without pad tokens"})
     logging_steps: int = field(default=1, metadata={"help": "log every N optimizer steps"})
-    save_steps: int = field(default=20, metadata={"help": "checkpoint every N optimizer steps"})
+    save_steps: int = field(default=10, metadata={"help": "checkpoint every N optimizer steps"})
     save_total_limit: int | None = field(default=2, metadata={"help": "checkpoints kept on disk"})
     eval_steps: int = field(default=0, metadata={"help": "evaluate every N steps; 0 = never during training"})
     report_to: list[str] = field(

@@ -118,7 +118,7 @@ def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_si
         eval_strategy="steps" if evaluate else "no",
         eval_steps=t.eval_steps if evaluate else None,
         report_to=[r for r in t.report_to if r != "none"] or "none",
-        include_num_input_tokens_seen="non_padding",
+        include_num_input_tokens_seen="all",  # with TRL's num_tokens (real tokens): the padding share
         dataloader_num_workers=t.dataloader_num_workers,
         use_cpu=process_state_kwargs().get("cpu", False),
         ddp_backend=process_state_kwargs().get("backend"),
