@@ -9,21 +9,21 @@ from __future__ import annotations
 from typing import Any
 
 from data_builders.decontamination import DecontaminationIndex, normalise, stable_hash
-from data_builders.segmentation import segment_request
+from headstart.segment import segment_request
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, build_messages, render_prompt
 
 # Bump when analyse_batch's columns change: it is part of the resume key of pass 2.
-VERSION = 2
+VERSION = 3
 
 # contamination codes stored per request
 CLEAN, EXACT, NGRAM = 0, 1, 2
 CONTAMINATION_REASONS = {EXACT: "contaminated_exact", NGRAM: "contaminated_ngram"}
 
 
-def cut_offsets(request: str) -> list[int]:
+def cut_offsets(request: str, segments: list[str] | None = None) -> list[int]:
     """End offset of each segment; S_i = request[: offsets[i - 1]]."""
     ends, total = [], 0
-    for segment in segment_request(request):
+    for segment in segments or segment_request(request):
         total += len(segment)
         ends.append(total)
     return ends
@@ -37,7 +37,7 @@ def analyse_batch(
 ) -> dict[str, list[Any]]:
     """Per request: segment ends, normalised-text hash, contamination code, token counts."""
     requests, references = batch["request"], batch["reference"]
-    cuts = [cut_offsets(r) for r in requests]
+    cuts = [cut_offsets(r, s) for r, s in zip(requests, batch["segments"])]
     reasons = index.check_batch(requests, references)
     codes = [EXACT if r == "contaminated_exact" else NGRAM if r else CLEAN for r in reasons]
     out = {

@@ -24,7 +24,13 @@ from data_builders.report import Report
 from data_builders.sources import SOURCES, Limits, Request
 
 SCHEMA = pa.schema(
-    [("source", pa.string()), ("source_id", pa.string()), ("request", pa.string()), ("reference", pa.string())]
+    [
+        ("source", pa.string()),
+        ("source_id", pa.string()),
+        ("request", pa.string()),
+        ("reference", pa.string()),
+        ("segments", pa.list_(pa.string())),  # null: segment_request decides
+    ]
 )
 BATCH_ROWS = 4096
 

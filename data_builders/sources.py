@@ -11,17 +11,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from headstart.segment import segment_text
+
 MBPP_TRAIN_IDS = range(601, 975)  # the train split of the full MBPP release
 
 
 @dataclass
 class Request:
-    """A complete request with the corpus's own answer (None when it has none)."""
+    """A complete request with the corpus's own answer (None when it has none).
+
+    `segments` is set by sources whose benchmark defines its own segmentation
+    (MBPP); otherwise `headstart.segment.segment_request` decides.
+    """
 
     source: str
     source_id: str
     request: str
     reference: str | None
+    segments: list[str] | None = None
 
 
 @dataclass
@@ -52,12 +59,14 @@ class _Reason(str):
     """A drop reason, distinguishable from field text."""
 
 
-def _checked(source: str, source_id: str, request: str, reference: str | None, limits: Limits) -> Request | str:
+def _checked(
+    source: str, source_id: str, request: str, reference: str | None, limits: Limits, segments: list[str] | None = None
+) -> Request | str:
     if len(request) > limits.max_request_chars or (reference and len(reference) > limits.max_answer_chars):
         return "absurd_length"
     if "\x00" in request:
         return "invalid_text"
-    return Request(source, source_id, request, reference)
+    return Request(source, source_id, request, reference, segments)
 
 
 def lmsys(row: dict[str, Any], number: int, limits: Limits) -> Request | str:
@@ -106,9 +115,25 @@ def _flagged(moderation: Any) -> bool:
     return any(isinstance(m, dict) and m.get("flagged") is True for m in moderation)
 
 
+# Same request text and segments as the MBPP evaluation (eval/benchmarks/mbpp.py,
+# which data_builders may not import): train and test requests look alike and
+# are cut alike. One home for both belongs in headstart.
+TESTS_INTRO = "Your code should pass these tests:\n```python\n"
+
+
+def mbpp_segments(text: str, tests: list[str]) -> list[str]:
+    """The description by sentence, then one segment per assert; the fence opens
+    with the first assert and closes with the last."""
+    segments = segment_text(text.strip() + "\n")
+    lines = [test.strip() + "\n" for test in tests]
+    lines[0] = TESTS_INTRO + lines[0]
+    lines[-1] += "```"
+    return segments + lines
+
+
 def mbpp_request(text: str, tests: list[str]) -> str:
-    """The MBPP request: the task sentence, then the asserts the code must pass."""
-    return text.rstrip() + "\nYour code should pass these tests:\n" + "\n".join(t.strip() for t in tests)
+    """The MBPP request: the task description, then the asserts the code must pass."""
+    return "".join(mbpp_segments(text, tests))
 
 
 def mbpp(row: dict[str, Any], number: int, limits: Limits) -> Request | str:
@@ -126,7 +151,8 @@ def mbpp(row: dict[str, Any], number: int, limits: Limits) -> Request | str:
     if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
         return "missing_field:test_list" if tests is None else "non_string_field:test_list"
     code = code.replace("\r\n", "\n")  # the release stores Windows line endings
-    return _checked("mbpp", str(task_id), mbpp_request(text, tests), code, limits)
+    segments = mbpp_segments(text, tests)
+    return _checked("mbpp", str(task_id), "".join(segments), code, limits, segments)
 
 
 def _pair_source(name: str, request_field: str, answer_field: str, id_field: str | None) -> Adapter:

@@ -14,7 +14,7 @@ from data_builders.build import build, main
 from data_builders.config import BuildConfig
 from data_builders.decontamination import DecontaminationIndex, build_index
 from data_builders.report import Report
-from data_builders.segmentation import segment_request
+from headstart.segment import segment_request
 from data_builders.select import spaced_prefixes
 from data_builders.synthetic import evol_codealpaca_rows, lmsys_row, lmsys_rows, write_jsonl
 from headstart.config import load_config
@@ -232,3 +232,13 @@ def test_bad_keys_and_missing_files_are_named(tmp_path, capsys):
     assert "no_such_recipe" in capsys.readouterr().err
     assert main(["format=ar", "pairs=draft_refinement", f"output_dir={tmp_path / 'o'}"]) == 2
     assert "format=refusion" in capsys.readouterr().err
+
+
+def test_mbpp_requests_match_the_evaluation_format(shared_data_dir):
+    """Train requests (ids 601-974) are written and cut exactly as eval cuts test requests."""
+    from data_builders.sources import mbpp_segments
+
+    eval_mbpp = pytest.importorskip("eval.benchmarks.mbpp")
+    for line in (shared_data_dir / "mbpp/mbpp.jsonl").open():
+        row = json.loads(line)
+        assert mbpp_segments(row["text"], row["test_list"]) == eval_mbpp.mbpp_segments(row["text"], row["test_list"])

@@ -23,7 +23,7 @@ from data_builders.build import build
 from data_builders.config import BuildConfig
 from data_builders.generation import cache_path
 from data_builders.report import Report
-from data_builders.segmentation import segment_request
+from headstart.segment import segment_request
 from headstart.config import load_config
 from headstart.prompts import build_messages, render_prompt
 from headstart.segment import prefixes
