@@ -5,7 +5,7 @@ setup:
 	bash scripts/setup.sh
 
 demo: setup
-	python -m eval recipe=humaneval_smollm2
+	bash scripts/demo.sh
 
 test: setup
 	bash scripts/test.sh
