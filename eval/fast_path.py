@@ -22,10 +22,13 @@ def batched_greedy(
     batch_size: int = 16,
 ) -> list[list[int]]:
     """Greedy answers to several prompts, left-padded batches; each answer ends
-    at its first EOS (kept) or at `max_new_tokens`."""
-    answers: list[list[int]] = []
-    for start in range(0, len(prompts), batch_size):
-        batch = prompts[start : start + batch_size]
+    at its first EOS (kept) or at `max_new_tokens`. Prompts are batched by length
+    (less padding) and the answers returned in the prompts' order."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    answers: list[list[int]] = [[] for _ in prompts]
+    for start in range(0, len(order), batch_size):
+        indices = order[start : start + batch_size]
+        batch = [prompts[i] for i in indices]
         width = max(len(p) for p in batch)
         input_ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in batch], device=model.device)
         attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=model.device)
@@ -37,7 +40,8 @@ def batched_greedy(
             eos_token_id=sorted(eos_token_ids),
             pad_token_id=pad_token_id,
         )
-        answers += [_until_eos(row[width:].tolist(), eos_token_ids) for row in output]
+        for index, row in zip(indices, output):
+            answers[index] = _until_eos(row[width:].tolist(), eos_token_ids)
     return answers
 
 

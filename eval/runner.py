@@ -58,19 +58,43 @@ class StreamingEvaluator:
 
     def evaluate(self, request: Request) -> dict[str, Any]:
         """Stream one request and decode its baseline; the record of both."""
+        return self.evaluate_many([request])[0]
+
+    def evaluate_many(self, requests: list[Request]) -> list[dict[str, Any]]:
+        """Records of several requests; the fast path decodes all their drafts in one batch."""
+        if not self.fast:
+            return [self._evaluate_stepwise(request) for request in requests]
+        prompts = [self.prompts(request) for request in requests]
+        drafts = batched_greedy(
+            self.loaded.model, [p for request_prompts in prompts for p in request_prompts[:-1]],
+            self.loaded.tokenizer.pad_token_id, self.engine.eos_token_ids, self.config.max_new_tokens,
+            self.config.fast_batch_size,
+        )
+        records = []
+        for request, request_prompts in zip(requests, prompts):
+            request_drafts, drafts = drafts[: len(request_prompts) - 1], drafts[len(request_prompts) - 1 :]
+            final = final_update(self.engine, request_prompts, request_drafts[-1])
+            baseline = self.engine.baseline(request_prompts[-1])
+            records.append(self._record(request, baseline, final, sum(update_costs(request_drafts))))
+        return records
+
+    def _evaluate_stepwise(self, request: Request) -> dict[str, Any]:
         prompts = self.prompts(request)
-        if self.fast:
-            drafts = batched_greedy(
-                self.loaded.model, prompts[:-1], self.loaded.tokenizer.pad_token_id,
-                self.engine.eos_token_ids, self.config.max_new_tokens, self.config.fast_batch_size,
-            )
-            drafting_forwards = sum(update_costs(drafts))
-            final = final_update(self.engine, prompts, drafts[-1])
-        else:
-            stream = self.engine.stream(prompts)
-            drafting_forwards, final = stream.drafting_forwards, stream.final
+        stream = self.engine.stream(prompts)
         baseline = self.engine.baseline(prompts[-1])
-        return self._record(request, baseline, final, drafting_forwards)
+        return self._record(request, baseline, stream.final, stream.drafting_forwards)
+
+    def request_groups(self, requests: list[Request]) -> list[list[Request]]:
+        """Consecutive requests whose drafts fit one fast-path batch (one each when stepwise)."""
+        if not self.fast:
+            return [[request] for request in requests]
+        groups: list[list[Request]] = [[]]
+        for request in requests:
+            width = sum(len(r.segments) - 1 for r in groups[-1])
+            if groups[-1] and width + len(request.segments) - 1 > self.config.fast_batch_size:
+                groups.append([])
+            groups[-1].append(request)
+        return [group for group in groups if group]
 
     def _record(self, request: Request, baseline, final, drafting_forwards: int) -> dict[str, Any]:
         decode = self.loaded.tokenizer.decode
@@ -133,13 +157,15 @@ def run_evaluation(config: EvalConfig, loaded: LoadedModel | None = None) -> dic
         loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
         evaluator = StreamingEvaluator(loaded, config)
         evaluator.warm_up(todo[0])
-        progress = tqdm(todo, desc=f"{config.benchmark} {config.acceptance}", initial=len(done), total=len(requests))
-        for request in progress:
-            record = evaluator.evaluate(request)
-            record |= _scores(benchmark, request, record)
-            _append(results_path, record)
-            records.append(record)
-            progress.set_postfix(running_medians(records))
+        progress = tqdm(desc=f"{config.benchmark} {config.acceptance}", initial=len(done), total=len(requests))
+        for group in evaluator.request_groups(todo):
+            for request, record in zip(group, evaluator.evaluate_many(group)):
+                record |= _scores(benchmark, request, record)
+                _append(results_path, record)
+                records.append(record)
+                progress.update()
+                progress.set_postfix(running_medians(records))
+        progress.close()
     wanted = {r.request_id for r in requests}
     summary = summarize([r for r in records if r["request_id"] in wanted])
     summary |= {"benchmark": config.benchmark, "model": config.model, "adapter": config.adapter, "acceptance": config.acceptance}

@@ -58,8 +58,11 @@ def test_fast_path_agrees_with_stepwise_engine_on_every_request(tiny_model_dir, 
     fast = make_evaluator(tiny_model_dir, engine="fast")
     compared = ("base_answer", "stream_answer", "draft_tokens", "accepted_tokens", "identical",
                 "baseline_forwards", "residual_forwards", "drafting_forwards")
-    for request in humaneval_requests:
-        slow_record, fast_record = stepwise.evaluate(request), fast.evaluate(request)
+    fast.config.fast_batch_size = 12  # several requests share a padded batch
+    assert len(fast.request_groups(humaneval_requests)) > 1
+    fast_records = [r for group in fast.request_groups(humaneval_requests) for r in fast.evaluate_many(group)]
+    for request, fast_record in zip(humaneval_requests, fast_records):
+        slow_record = stepwise.evaluate(request)
         assert {k: slow_record[k] for k in compared} == {k: fast_record[k] for k in compared}, request.request_id
 
 
