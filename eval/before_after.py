@@ -22,7 +22,7 @@ from eval.plots import acceptance_bars, speedup_histogram
 from eval.report import markdown_table
 from eval.runner import load_records, run_evaluation
 from eval.wandb_report import log_side
-from headstart.config import RecipeError, config_to_dict, dump_config, load_config
+from headstart.config import config_to_dict, dump_config, run_cli
 
 
 @dataclass
@@ -152,12 +152,7 @@ def _html(header: list[str], rows: list[list[str]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        run_before_after(load_config(BeforeAfterConfig, sys.argv[1:] if argv is None else argv))
-    except (RecipeError, ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return run_cli(BeforeAfterConfig, run_before_after, argv)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ silently falls back to a default.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
@@ -58,6 +59,17 @@ def load_config(schema: type[T], argv: list[str], recipes_dir: Path = RECIPES_DI
         config = _merge(config, recipe, f"recipe {path}")
     config = _merge(config, OmegaConf.from_dotlist(overrides), "command line")
     return OmegaConf.to_object(config)
+
+
+def run_cli(schema: type[T], run: Callable[[T], Any], argv: list[str] | None = None) -> int:
+    """The body of every `recipe=NAME key=value` entry point: bad recipes, values and
+    missing files end with their message and exit code 2 instead of a traceback."""
+    try:
+        run(load_config(schema, sys.argv[1:] if argv is None else argv))
+    except (RecipeError, ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def config_from_dict(schema: type[T], values: dict[str, Any]) -> T:
