@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
