@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -137,30 +138,38 @@ def main() -> None:
     parser.add_argument("--accumulation", type=int, default=2, help="gradient accumulation steps")
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS on CPU")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per trainer and layout (medians reported)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     a = parser.parse_args()
-    a.gpu = "CUDA_VISIBLE_DEVICES" in os.environ or _has_cuda()
+    a.gpu = _has_cuda()
     model = resolve_model_dir(a.model)
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), HF_HUB_OFFLINE="1", WANDB_MODE="disabled",
                TOKENIZERS_PARALLELISM="false")
-    results = {}
+    results: dict[str, list[dict[str, float]]] = {}
+    trainers = [("train/sft.py", ours_command), ("trl sft", trl_command)]
     with tempfile.TemporaryDirectory(prefix="bench_train_") as tmp:
         ours_data, trl_data = write_data(Path(tmp), a.rows)
-        for layout in ("padding", "packing"):
-            for name, build, data in (("train/sft.py", ours_command, ours_data), ("trl sft", trl_command, trl_data)):
-                out = Path(tmp) / f"{name.replace('/', '_').replace(' ', '_')}-{layout}"
-                results[f"{name} | {layout}"] = run(name, build(model, data, out, a, layout == "packing"), out, env)
-                print(f"{name:13s} {layout:8s} {_fmt(results[f'{name} | {layout}'])}", flush=True)
-    print(f"\nmodel {a.model}, {a.rows} dialogues, {a.steps} steps, batch {a.batch} x accumulation "
+        data = {"train/sft.py": ours_data, "trl sft": trl_data}
+        for repeat in range(a.repeats):
+            for layout in ("padding", "packing"):
+                # Alternate which trainer goes first, so drifting machine load favours neither.
+                for name, build in trainers if repeat % 2 == 0 else trainers[::-1]:
+                    out = Path(tmp) / f"{name.replace('/', '_').replace(' ', '_')}-{layout}-{repeat}"
+                    figures_ = run(name, build(model, data[name], out, a, layout == "packing"), out, env)
+                    results.setdefault(f"{name} | {layout}", []).append(figures_)
+                    print(f"{name:13s} {layout:8s} {_fmt(figures_)}", flush=True)
+    summary = {key: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for key, runs in results.items()}
+    print(f"\nmodel {a.model}, {a.rows} dialogues, {a.steps} steps, medians of {a.repeats} run(s), batch {a.batch} x accumulation "
           f"{a.accumulation}, max_length {a.max_length}, {'GPU bf16' if a.gpu else f'CPU fp32, {a.threads} threads'}")
     print("| trainer | layout | s/step | real tokens/s | real tokens/step | padding share | first step s | wall s | final loss |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for key, r in results.items():
+    for key in sorted(summary, key=lambda k: (k.split(" | ")[1] != "padding", k)):
+        r = summary[key]
         trainer, layout = key.split(" | ")
         print(f"| {trainer} | {layout} | {r['s_per_step']:.2f} | {r['tokens_per_s']:.0f} | {r['tokens_per_step']:.0f} "
               f"| {r['padding_share']:.0%} | {r['first_step_s']:.2f} | {r['wall_s']:.0f} | {r['final_loss']:.3f} |")
     if a.json:
-        a.json.write_text(json.dumps(results, indent=2))
+        a.json.write_text(json.dumps({"summary": summary, "runs": results}, indent=2))
 
 
 def _has_cuda() -> bool:

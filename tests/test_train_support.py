@@ -56,7 +56,10 @@ def launch_env(**extra: str) -> dict[str, str]:
 
 
 def launch_command(launcher: list[str], overrides: list[str]) -> list[str]:
-    return [sys.executable, "-m", "accelerate.commands.launch", *launcher, "train/sft.py", *overrides]
+    """`accelerate launch ...`, the command users type (the module form where no script is installed)."""
+    script = Path(sys.executable).parent / "accelerate"
+    accelerate = [str(script)] if script.is_file() else [sys.executable, "-m", "accelerate.commands.launch"]
+    return [*accelerate, *(["launch"] if script.is_file() else []), *launcher, "train/sft.py", *overrides]
 
 
 def launch(launcher: list[str], overrides: list[str], timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
