@@ -168,14 +168,29 @@ def _private_tmp(workdir: Path) -> None:
     private, so no mount can ever propagate to the host."""
     if _LIBC.unshare(CLONE_NEWNS) != 0 or _LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         return
+    # An interpreter under a masked directory (a venv in /tmp) is bound back below.
+    interpreter_fds = {path: os.open(path, os.O_RDONLY | os.O_DIRECTORY) for path in _masked_interpreter_dirs()}
     for directory in SHARED_WRITABLE_DIRS:
         if os.path.isdir(directory) and not os.path.islink(directory):
             _LIBC.mount(b"tmpfs", directory.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, PRIVATE_TMPFS_OPTIONS)
+    for path, fd in interpreter_fds.items():
+        os.makedirs(path, exist_ok=True)
+        _LIBC.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, MS_BIND | MS_REC, None)
+        os.close(fd)
     # The cwd still is the old directory: bind it back where its path now points.
     if not workdir.is_dir():
         os.makedirs(workdir)
         _LIBC.mount(b".", str(workdir).encode(), None, MS_BIND | MS_REC, None)
         os.chdir(workdir)
+
+
+def _masked_interpreter_dirs() -> list[str]:
+    """Our interpreter's prefixes that lie under a directory the sandbox masks."""
+    prefixes = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    return sorted(
+        prefix for prefix in prefixes
+        if os.path.isdir(prefix) and any(os.path.commonpath([d, prefix]) == d for d in SHARED_WRITABLE_DIRS)
+    )
 
 
 def _keep_read_access() -> None:
