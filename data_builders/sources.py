@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from headstart.segment import segment_text
+from headstart.segment import segment_mbpp
 
 MBPP_TRAIN_IDS = range(601, 975)  # the train split of the full MBPP release
 
@@ -115,25 +115,9 @@ def _flagged(moderation: Any) -> bool:
     return any(isinstance(m, dict) and m.get("flagged") is True for m in moderation)
 
 
-# Same request text and segments as the MBPP evaluation (eval/benchmarks/mbpp.py,
-# which data_builders may not import): train and test requests look alike and
-# are cut alike. One home for both belongs in headstart.
-TESTS_INTRO = "Your code should pass these tests:\n```python\n"
-
-
-def mbpp_segments(text: str, tests: list[str]) -> list[str]:
-    """The description by sentence, then one segment per assert; the fence opens
-    with the first assert and closes with the last."""
-    segments = segment_text(text.strip() + "\n")
-    lines = [test.strip() + "\n" for test in tests]
-    lines[0] = TESTS_INTRO + lines[0]
-    lines[-1] += "```"
-    return segments + lines
-
-
 def mbpp_request(text: str, tests: list[str]) -> str:
     """The MBPP request: the task description, then the asserts the code must pass."""
-    return "".join(mbpp_segments(text, tests))
+    return "".join(segment_mbpp(text, tests))
 
 
 def mbpp(row: dict[str, Any], number: int, limits: Limits) -> Request | str:
@@ -151,7 +135,7 @@ def mbpp(row: dict[str, Any], number: int, limits: Limits) -> Request | str:
     if not isinstance(tests, list) or not tests or not all(isinstance(t, str) for t in tests):
         return "missing_field:test_list" if tests is None else "non_string_field:test_list"
     code = code.replace("\r\n", "\n")  # the release stores Windows line endings
-    segments = mbpp_segments(text, tests)
+    segments = segment_mbpp(text, tests)
     return _checked("mbpp", str(task_id), "".join(segments), code, limits, segments)
 
 

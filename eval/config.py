@@ -19,7 +19,7 @@ class EvalConfig:
     engine: str = field(default="auto", metadata={"help": "'stepwise', 'fast' (greedy only) or 'auto' (fast when greedy)."})
     system_prompt: str = field(default="model", metadata={"help": "'model' (the template's own), 'incomplete' (adapted models) or literal text."})
     fast_batch_size: int = field(default=32, metadata={"help": "Prefixes (of one or more requests) decoded together by the fast path."})
-    sandbox_cpu_seconds: int = field(default=10, metadata={"help": "CPU-time limit of each executed program."})
+    sandbox_cpu_seconds: int | None = field(default=None, metadata={"help": "CPU-time limit of each executed program; default the benchmark's own."})
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
     dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
     benchmarks: list[str] = field(default_factory=list, metadata={"help": "Suite: benchmarks run in turn into one report (empty: just `benchmark`)."})

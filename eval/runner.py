@@ -148,7 +148,7 @@ def run_evaluation(config: EvalConfig, loaded: LoadedModel | None = None) -> dic
     _check_resumable(output_dir, config)
     results_path = output_dir / "results.jsonl"
     records = load_records(results_path)
-    benchmark = get_benchmark(config.benchmark, config.data_path)
+    benchmark = get_benchmark(config.benchmark, config.data_path, config.sandbox_cpu_seconds)
     requests = benchmark.load(config.limit)
     done = {r["request_id"] for r in records}
     todo = [r for r in requests if r.request_id not in done]

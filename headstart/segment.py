@@ -188,3 +188,18 @@ def _segment_fenced(block: str) -> list[str]:
     code[0] = block[:opening_end] + code[0]
     code[-1] += block[closing_start:]
     return code
+
+
+MBPP_TESTS_INTRO = "Your code should pass these tests:\n```python\n"
+
+
+def segment_mbpp(description: str, tests: list[str]) -> list[str]:
+    """An MBPP-style request (train and test splits alike): the description by
+    sentence, then one segment per assert, the fence opening with the first and
+    closing with the last. Adjacent asserts are separate lines of code, which
+    `segment_code` would keep together."""
+    segments = segment_text(description.strip() + "\n")
+    lines = [test.strip() + "\n" for test in tests]
+    lines[0] = MBPP_TESTS_INTRO + lines[0]
+    lines[-1] += "```"
+    return segments + lines

@@ -235,10 +235,14 @@ def test_bad_keys_and_missing_files_are_named(tmp_path, capsys):
 
 
 def test_mbpp_requests_match_the_evaluation_format(shared_data_dir):
-    """Train requests (ids 601-974) are written and cut exactly as eval cuts test requests."""
-    from data_builders.sources import mbpp_segments
+    """Train requests (ids 601-974) are written and cut by the function eval cuts test requests with."""
+    from data_builders.sources import mbpp_request
+    from eval.benchmarks import get_benchmark
+    from headstart.segment import segment_mbpp
 
-    eval_mbpp = pytest.importorskip("eval.benchmarks.mbpp")
-    for line in (shared_data_dir / "mbpp/mbpp.jsonl").open():
-        row = json.loads(line)
-        assert mbpp_segments(row["text"], row["test_list"]) == eval_mbpp.mbpp_segments(row["text"], row["test_list"])
+    path = shared_data_dir / "mbpp/mbpp.jsonl"
+    rows = {row["task_id"]: row for row in map(json.loads, path.open())}
+    for request in get_benchmark("mbpp", str(path)).load(20):
+        row = rows[int(request.request_id.split("/")[1])]
+        assert request.segments == segment_mbpp(row["text"], row["test_list"])
+        assert mbpp_request(row["text"], row["test_list"]) == request.text

@@ -97,3 +97,10 @@ def test_extract_code_prefers_the_block_defining_the_entry_point():
     assert extract_code(answer, "add").startswith("def add")
     assert extract_code("```python\ndef cut(x):\n    return", "cut").startswith("def cut")
     assert extract_code("no fences here") == "no fences here"
+
+
+def test_sandbox_cpu_limit_reaches_the_benchmark():
+    from eval.benchmarks import get_benchmark
+
+    assert get_benchmark("humaneval", cpu_seconds=3).limits.cpu_seconds == 3
+    assert get_benchmark("humaneval").limits.cpu_seconds == 10

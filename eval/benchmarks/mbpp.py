@@ -9,25 +9,11 @@ from eval.benchmarks.base import Request, Score, streamable
 from eval.benchmarks.sources import read_rows, require_fields
 from eval.extract import extract_code
 from eval.sandbox import SandboxLimits, run_tests
-from headstart.segment import segment_text
+from headstart.segment import segment_mbpp
 
 HUB_ID, HUB_CONFIG, SPLIT = "google-research-datasets/mbpp", "full", "test"
 TEST_IDS = range(11, 511)
 FIELDS = ("task_id", "test_list")
-TESTS_INTRO = "Your code should pass these tests:\n```python\n"
-
-
-def mbpp_segments(description: str, tests: list[str]) -> list[str]:
-    """The description by sentence, then one segment per assert line (whole
-    lines of code); the fence opens with the first assert and closes with the last.
-    Benchmark-specific: `segment_code` keeps adjacent top-level lines together."""
-    segments = segment_text(description.strip() + "\n")
-    lines = [test.strip() + "\n" for test in tests]
-    lines[0] = TESTS_INTRO + lines[0]
-    lines[-1] += "```"
-    return segments + lines
-
-
 def entry_point(tests: list[str]) -> str | None:
     """The function the asserts call first (`assert name(`)."""
     match = re.search(r"assert\s+\(?\s*([A-Za-z_]\w*)\s*\(", tests[0]) if tests else None
@@ -57,7 +43,7 @@ class MBPP:
             raise ValueError(f"MBPP task {row['task_id']} has neither 'text' nor 'prompt'")
         setup = row.get("test_setup_code", "") or "\n".join(row.get("test_imports", []))
         reference = {"tests": list(row["test_list"]), "setup": setup, "entry_point": entry_point(row["test_list"])}
-        return Request(f"mbpp/{row['task_id']}", mbpp_segments(description, row["test_list"]), reference=reference)
+        return Request(f"mbpp/{row['task_id']}", segment_mbpp(description, row["test_list"]), reference=reference)
 
     def score(self, request: Request, answer: str) -> Score:
         ref = request.reference
