@@ -8,20 +8,19 @@ import sys
 from eval.config import EvalConfig
 from eval.runner import run_evaluation
 from eval.suite import run_suite
-from headstart.config import RecipeError, load_config
+from headstart.config import run_cli
+
+
+def evaluate(config: EvalConfig) -> None:
+    """A suite when the recipe lists several benchmarks or rules, else one evaluation."""
+    if config.benchmarks or config.acceptances:
+        run_suite(config)
+    else:
+        run_evaluation(config)
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        config = load_config(EvalConfig, sys.argv[1:] if argv is None else argv)
-        if config.benchmarks or config.acceptances:
-            run_suite(config)
-        else:
-            run_evaluation(config)
-    except (RecipeError, ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return run_cli(EvalConfig, evaluate, argv)
 
 
 if __name__ == "__main__":

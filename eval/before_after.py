@@ -19,7 +19,7 @@ from typing import Any
 
 from eval.config import EvalConfig
 from eval.plots import acceptance_bars, speedup_histogram
-from eval.report import markdown_table
+from eval.report import macro_average, markdown_table
 from eval.runner import load_records, run_evaluation
 from eval.wandb_report import log_side
 from headstart.config import config_to_dict, dump_config, run_cli
@@ -92,7 +92,8 @@ def report_tables(summaries: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
     """Table 1 (quality), 2 (speedup), 3 (acceptance), with a macro-average row."""
     rows = dict(summaries)
     if len(rows) > 1:
-        rows["macro average"] = {side: _macro(summaries, side) for side in ("before", "after")}
+        rows["macro average"] = {side: macro_average({b: s[side] for b, s in summaries.items()})
+                                 for side in ("before", "after")}
 
     def arrow(summary_pair, key, fmt):
         before, after = (summary_pair[side].get(key) for side in ("before", "after"))
@@ -129,11 +130,6 @@ def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], out
         "<style>table{border-collapse:collapse}td,th{border:1px solid #999;padding:3px 8px}</style>"
         + "\n".join(body) + "\n")
     (output_dir / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
-
-
-def _macro(summaries, side: str) -> dict[str, float]:
-    keys = {k for s in summaries.values() for k, v in s[side].items() if isinstance(v, (int, float))}
-    return {k: sum(s[side].get(k, 0.0) for s in summaries.values()) / len(summaries) for k in keys}
 
 
 def _fmt(value, fmt: str) -> str:
