@@ -158,6 +158,9 @@ def run_evaluation(config: EvalConfig, loaded: LoadedModel | None = None) -> dic
         evaluator.warm_up(todo[0])
         progress = tqdm(desc=f"{config.benchmark} {config.acceptance}", initial=len(done), total=len(requests))
         for group in evaluator.request_groups(todo):
+            if evaluator.fast:
+                drafts = sum(len(request.segments) - 1 for request in group)
+                progress.set_postfix_str(f"decoding {drafts} drafts of {len(group)} requests in one batch")
             for request, record in zip(group, evaluator.evaluate_many(group)):
                 record |= _scores(benchmark, request, record)
                 _append(results_path, record)
