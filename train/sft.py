@@ -31,7 +31,7 @@ from headstart.prompts import detect_family  # noqa: E402
 from train.checkpoints import CompletenessMarker, StepDelay, last_complete_checkpoint  # noqa: E402
 from train.config import TrainRecipe, accumulation_steps, validate  # noqa: E402
 from train.data import check_fits, load_split, tokenize_dataset  # noqa: E402
-from train.tracking import ResolvedConfigToWandb, configure_trackers  # noqa: E402
+from train.tracking import ResolvedConfigToWandb, configure_trackers, finish_trackers  # noqa: E402
 
 DEFAULT_RECIPE = "smollm2_prefix"
 
@@ -206,6 +206,7 @@ def main(argv: list[str]) -> None:
     save_final(trainer, tokenizer, output_dir, recipe, state)
     if state.is_main_process:
         print(f"adapter: {output_dir / 'adapter'}", flush=True)
+    finish_trackers()
 
 
 if __name__ == "__main__":

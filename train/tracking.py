@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +71,11 @@ class ResolvedConfigToWandb(TrainerCallback):
         if wandb.run is not None:
             wandb.run.config.update({"recipe_name": self.recipe_name, "recipe": self.resolved}, allow_val_change=True)
         return control
+
+
+def finish_trackers() -> None:
+    """Close the W&B run, so its files are complete when the process returns
+    (otherwise an exit hook flushes them, which can race whoever reads them next)."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and wandb.run is not None:
+        wandb.finish()
