@@ -19,7 +19,7 @@ from typing import Any
 
 from eval.config import EvalConfig
 from eval.plots import acceptance_bars, speedup_histogram
-from eval.report import macro_average, markdown_table
+from eval.report import macro_average, markdown_rows, markdown_table
 from eval.runner import load_records, run_evaluation
 from eval.wandb_report import log_side
 from headstart.config import config_to_dict, dump_config, run_cli
@@ -116,7 +116,7 @@ def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], out
     markdown = [f"# Before/after streaming report\n\nbase `{config.model}` → adapted `{config.adapted}`, "
                 f"acceptance `{config.acceptance}`, max_new_tokens {config.max_new_tokens}, limit {config.limit}\n"]
     for title, (header, rows) in tables.items():
-        markdown += [f"## {title}\n", _markdown(header, rows), ""]
+        markdown += [f"## {title}\n", markdown_rows(header, rows), ""]
     for side in ("before", "after"):
         markdown += [f"## All columns, {side}\n", markdown_table({b: s[side] for b, s in summaries.items()}), ""]
     markdown += [f"![{p.stem}](figures/{p.name})" for p in figures]
@@ -134,11 +134,6 @@ def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], out
 
 def _fmt(value, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
-
-
-def _markdown(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def _html(header: list[str], rows: list[list[str]]) -> str:

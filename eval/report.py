@@ -25,14 +25,17 @@ COLUMNS = [
 ]
 
 
+def markdown_rows(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table from already formatted cells."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
 def markdown_table(summaries: dict[str, dict[str, Any]]) -> str:
     """One row per benchmark (and a pooled row when the caller adds one)."""
     header = ["benchmark"] + [name for name, _, _ in COLUMNS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for benchmark, summary in summaries.items():
-        cells = [benchmark] + [_cell(summary, key, fmt) for _, key, fmt in COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = [[benchmark] + [_cell(summary, key, fmt) for _, key, fmt in COLUMNS] for benchmark, summary in summaries.items()]
+    return markdown_rows(header, rows)
 
 
 def _cell(summary: dict[str, Any], key, fmt: str) -> str:
@@ -76,12 +79,9 @@ def with_quality_delta(summary: dict[str, Any]) -> dict[str, Any]:
 def quality_table(summaries: dict[str, dict[str, Any]], metrics: dict[str, str]) -> str:
     """Table 1 layout: one row per benchmark (with its metric), then the macro average."""
     header = ["benchmark", "metric"] + [name for name, _, _ in QUALITY_COLUMNS]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for name, summary in summaries.items():
-        summary = with_quality_delta(summary)
-        cells = [name, metrics.get(name, "")] + [_cell(summary, key, fmt) for _, key, fmt in QUALITY_COLUMNS]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = [[name, metrics.get(name, "")] + [_cell(with_quality_delta(summary), key, fmt) for _, key, fmt in QUALITY_COLUMNS]
+            for name, summary in summaries.items()]
+    return markdown_rows(header, rows)
 
 
 def suite_report(by_rule: dict[str, dict[str, dict[str, Any]]], metrics: dict[str, str], title: str) -> str:
