@@ -113,9 +113,8 @@ def default_device() -> str:
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """The tokenizer of a model source, with a pad token set (EOS when it has none)."""
-    source = name_or_path
-    if _adapter_base(name_or_path) and not _has_tokenizer(name_or_path):
-        source = _adapter_base(name_or_path)
+    base = _adapter_base(name_or_path)
+    source = base if base and not _has_tokenizer(name_or_path) else name_or_path
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(source))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
