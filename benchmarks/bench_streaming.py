@@ -4,8 +4,9 @@
 
 1. The fast path against the step-by-step engine on the first COMPARE problems,
    side by side on the same warm model: wall time ratio, and every count equal.
-2. `greedy` (lossless, fast path) and `threshold:0.9` (stepwise) evaluations of
-   the first LIMIT problems: the report table for both, in one run. Results go
+2. `greedy` (lossless) and `threshold:0.9` evaluations of the first LIMIT
+   problems (fast path: drafting batched across requests, baseline and final
+   update timed at batch 1): the report table for both, in one run. Results go
    to --output-dir and are resumed, so an interrupted benchmark continues.
 """
 

@@ -33,16 +33,20 @@ class AcceptanceRule:
     def __str__(self) -> str:
         return "greedy" if self.kind == "greedy" else f"threshold:{self.tau:g}"
 
+    def passes(self, logits: torch.Tensor, draft: list[int]) -> torch.Tensor:
+        """Whether each draft token passes on its own; `logits[j]` is the verifier's
+        prediction for draft position j."""
+        tokens = torch.tensor(draft, device=logits.device, dtype=torch.long)
+        if self.kind == "greedy":
+            return logits.argmax(dim=-1) == tokens
+        probabilities = torch.softmax(logits.float(), dim=-1).gather(1, tokens[:, None])[:, 0]
+        return probabilities >= self.tau
+
     def accepted_length(self, logits: torch.Tensor, draft: list[int]) -> int:
         """Length of the leading run of `draft` that passes; `logits[j]` is the
-        causal prediction for draft position j (formed without seeing draft[j])."""
+        verifier's prediction for draft position j (causal engines form it without
+        seeing draft[j]; the bidirectional control does not)."""
         if not draft:
             return 0
-        tokens = torch.tensor(draft, device=logits.device)
-        if self.kind == "greedy":
-            passed = logits.argmax(dim=-1) == tokens
-        else:
-            probabilities = torch.softmax(logits.float(), dim=-1).gather(1, tokens[:, None])[:, 0]
-            passed = probabilities >= self.tau
-        failures = (~passed).nonzero()
+        failures = (~self.passes(logits, draft)).nonzero()
         return int(failures[0, 0]) if len(failures) else len(draft)

@@ -68,6 +68,9 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
 class AREngine:
     """Greedy decoding with draft verification for one causal LM at batch size 1."""
 
+    # A fully accepted draft that ends in EOS costs the verification pass alone.
+    min_residual_forwards = 1
+
     def __init__(
         self,
         model: PreTrainedModel,

@@ -1,14 +1,20 @@
-"""The lossless fast path: in `greedy` mode D_i = greedy(S_i), so the drafts can
-be decoded for all prefixes at once in a padded batch, and each update's cost
-follows from them: max(1, L_i - k_i), k_i = common prefix of D_{i-1} and D_i.
-Only the timed parts (baseline and final update) run at batch size 1.
+"""The fast path: drafting (untimed, counted) decoded for many requests at once
+in padded batches; only the timed parts (baseline and final update) run at batch 1.
+
+- `greedy`: D_i = greedy(S_i), so the drafts of all prefixes are decoded in one
+  batch, and each update's cost follows from them: max(1, L_i - k_i), k_i = common
+  prefix of D_{i-1} and D_i.
+- any other rule: D_i depends on D_{i-1}, so update i of every request runs in one
+  round: verify each draft (one forward), then regenerate from the accepted
+  prefixes in one batch. An update costs max(1, L_i - a_i), a_i tokens accepted.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
+from eval.acceptance import AcceptanceRule
 from eval.ar_engine import AREngine, UpdateResult, common_prefix_length
 
 
@@ -18,31 +24,61 @@ def batched_greedy(
     prompts: list[list[int]],
     pad_token_id: int,
     eos_token_ids: set[int],
-    max_new_tokens: int,
+    max_new_tokens: int | list[int],
     batch_size: int = 16,
 ) -> list[list[int]]:
     """Greedy answers to several prompts, left-padded batches; each answer ends
-    at its first EOS (kept) or at `max_new_tokens`. Prompts are batched by length
-    (less padding) and the answers returned in the prompts' order."""
+    at its first EOS (kept) or at `max_new_tokens` (one for all, or one per prompt).
+    Prompts are batched by length (less padding); answers come in the prompts' order."""
+    budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     answers: list[list[int]] = [[] for _ in prompts]
     for start in range(0, len(order), batch_size):
         indices = order[start : start + batch_size]
-        batch = [prompts[i] for i in indices]
-        width = max(len(p) for p in batch)
-        input_ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in batch], device=model.device)
-        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=model.device)
-        output = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=sorted(eos_token_ids),
-            pad_token_id=pad_token_id,
+        batch_answers = _greedy_batch(
+            model, [prompts[i] for i in indices], pad_token_id, eos_token_ids, [budgets[i] for i in indices]
         )
-        for index, row in zip(indices, output):
-            answers[index] = _until_eos(row[width:].tolist(), eos_token_ids)
+        for index, answer in zip(indices, batch_answers):
+            answers[index] = answer
     return answers
+
+
+def _greedy_batch(
+    model: PreTrainedModel, prompts: list[list[int]], pad_token_id: int, eos_token_ids: set[int], budgets: list[int]
+) -> list[list[int]]:
+    """One left-padded batch. A row that finishes leaves the batch (its cache rows
+    too), so the step cost follows the rows still decoding, not the longest one."""
+    width = max(len(p) for p in prompts)
+    device = model.device
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    input_ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache(config=model.config)
+    answers: list[list[int]] = [[] for _ in prompts]
+    active = list(range(len(prompts)))
+    while True:
+        logits = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        ).logits[:, -1]
+        tokens = logits.argmax(-1).tolist()
+        for row, token in zip(active, tokens):
+            answers[row].append(token)
+        keep = [i for i, row in enumerate(active) if not _finished(answers[row], eos_token_ids, budgets[row])]
+        if not keep:
+            return answers
+        if len(keep) < len(active):
+            kept = torch.tensor(keep, device=device)
+            cache.batch_select_indices(kept)
+            attention_mask, position_ids = attention_mask[kept], position_ids[kept]
+            active = [active[i] for i in keep]
+        input_ids = torch.tensor([[answers[row][-1]] for row in active], device=device)
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], dim=1)
+        position_ids = position_ids[:, -1:] + 1
+
+
+def _finished(answer: list[int], eos_token_ids: set[int], max_new_tokens: int) -> bool:
+    return bool(answer) and (answer[-1] in eos_token_ids or len(answer) >= max_new_tokens)
 
 
 def update_costs(drafts: list[list[int]]) -> list[int]:
@@ -55,15 +91,48 @@ def update_costs(drafts: list[list[int]]) -> list[int]:
     return costs
 
 
+def round_drafts(
+    model: PreTrainedModel,
+    prompts: list[list[list[int]]],
+    rule: AcceptanceRule,
+    pad_token_id: int,
+    eos_token_ids: set[int],
+    max_new_tokens: int,
+    batch_size: int = 16,
+) -> list[tuple[list[int], int]]:
+    """Drafting under any rule for several requests (`prompts[r]` = S_1..S_{n-1}
+    of request r): each request's last draft and the forwards its updates cost."""
+    drafts: list[list[int]] = [[] for _ in prompts]
+    forwards = [0] * len(prompts)
+    for step in range(max(len(p) for p in prompts)):
+        regenerate: dict[int, int] = {}
+        for row in (r for r, request_prompts in enumerate(prompts) if step < len(request_prompts)):
+            accepted = verified_length(model, prompts[row][step], drafts[row], rule)
+            if accepted == len(drafts[row]) and _finished(drafts[row], eos_token_ids, max_new_tokens):
+                forwards[row] += 1  # the verify pass alone
+            else:
+                regenerate[row] = accepted
+        tails = batched_greedy(
+            model, [prompts[r][step] + drafts[r][:a] for r, a in regenerate.items()], pad_token_id,
+            eos_token_ids, [max_new_tokens - a for a in regenerate.values()], batch_size,
+        )
+        for (row, accepted), tail in zip(regenerate.items(), tails):
+            drafts[row] = drafts[row][:accepted] + tail
+            forwards[row] += len(tail)  # the verify pass yields the first token of the tail
+    return list(zip(drafts, forwards))
+
+
+@torch.inference_mode()
+def verified_length(model: PreTrainedModel, prompt_ids: list[int], draft: list[int], rule: AcceptanceRule) -> int:
+    """Accepted length of `draft` after `prompt_ids`, from one forward (none for an empty draft)."""
+    if not draft:
+        return 0
+    logits = model(input_ids=torch.tensor([prompt_ids + draft], device=model.device), logits_to_keep=len(draft) + 1).logits
+    return rule.accepted_length(logits[0, :-1].float(), draft)
+
+
 def final_update(engine: AREngine, prompts: list[list[int]], last_draft: list[int]) -> UpdateResult:
     """The residual phase at batch size 1, from the state drafting left behind."""
     state = engine.new_state()
     engine.prime(state, prompts[-2], last_draft)
     return engine.update(state, prompts[-1], ("verify", "regenerate"))
-
-
-def _until_eos(tokens: list[int], eos_token_ids: set[int]) -> list[int]:
-    for index, token in enumerate(tokens):
-        if token in eos_token_ids:
-            return tokens[: index + 1]
-    return tokens

@@ -37,6 +37,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         acceptance_all=_mean(r["accepted_tokens"] == r["draft_tokens"] > 0 for r in valid),
         draft_kept_mean=_mean(kept) if kept else 0.0,
         single_forward_share=_mean(r["residual_forwards"] == 1 for r in valid),
+        # The least a residual can cost with the request's decoder (1 forward for the
+        # AR and ReFusion engines: the verification pass of a fully accepted draft).
+        minimum_cost_share=_mean(r["residual_forwards"] <= r.get("min_residual_forwards", 1) for r in valid),
         total_cost_mean=_mean((r["drafting_forwards"] + r["residual_forwards"]) / r["baseline_forwards"] for r in valid),
         identical_to_baseline=_mean(r["identical"] for r in valid),
     )

@@ -13,33 +13,45 @@ from tqdm import tqdm
 
 from eval.acceptance import AcceptanceRule
 from eval.ar_engine import AREngine
+from eval.bidirectional_engine import BidirectionalEngine
 from eval.benchmarks import Request, get_benchmark
 from eval.config import EvalConfig
-from eval.fast_path import batched_greedy, final_update, update_costs
+from eval.fast_path import batched_greedy, final_update, round_drafts, update_costs
 from eval.metrics import running_medians, summarize
+from eval.refusion_engine import RefusionEngine, SlotSettings
 from eval.report import markdown_table
 from headstart.config import config_to_dict, dump_config
 from headstart.models import LoadedModel, load_model
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, build_messages, encode_prompt
+from headstart.refusion import mask_token_id
 from headstart.segment import prefixes
 
 # Settings that change the numbers: a resumed run must match on all of them.
 RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "acceptance", "max_new_tokens", "system_prompt", "dtype")
+# The AR engines (auto, fast, stepwise) give identical numbers; the diffusion decoders
+# add their own settings to RESULT_KEYS.
+AR_ENGINES = ("auto", "fast", "stepwise")
+DECODER_KEYS = {
+    "refusion": ("engine", "slot_size", "serial_blocks", "slot_threshold", "token_threshold"),
+    "bidirectional": ("engine", "diffusion_steps"),
+}
+ENGINES = AR_ENGINES + tuple(DECODER_KEYS)
+
+Engine = AREngine | RefusionEngine | BidirectionalEngine
 
 
 class StreamingEvaluator:
-    """Evaluates requests one at a time with the AR engine, baseline included."""
+    """Evaluates requests one at a time with the configured engine, baseline included."""
 
     def __init__(self, loaded: LoadedModel, config: EvalConfig) -> None:
         self.loaded = loaded
         self.config = config
         self.rule = AcceptanceRule.parse(config.acceptance)
-        if config.engine not in ("auto", "fast", "stepwise"):
-            raise ValueError(f"engine must be 'auto', 'fast' or 'stepwise', not {config.engine!r}")
-        if config.engine == "fast" and not self.rule.lossless:
-            raise ValueError("engine=fast needs acceptance=greedy: only then is each draft the greedy answer")
-        self.fast = config.engine == "fast" or (config.engine == "auto" and self.rule.lossless)
-        self.engine = AREngine(loaded.model, eos_token_ids(loaded), config.max_new_tokens, self.rule)
+        if config.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {config.engine!r}")
+        # The fast path batches AR drafting across requests: AR decoding only.
+        self.fast = config.engine in ("fast", "auto")
+        self.engine = build_engine(loaded, config, self.rule)
         self.system = system_message(config.system_prompt)
 
     def prompts(self, request: Request) -> list[list[int]]:
@@ -64,18 +76,25 @@ class StreamingEvaluator:
         if not self.fast:
             return [self._evaluate_stepwise(request) for request in requests]
         prompts = [self.prompts(request) for request in requests]
-        drafts = batched_greedy(
-            self.loaded.model, [p for request_prompts in prompts for p in request_prompts[:-1]],
-            self.loaded.tokenizer.pad_token_id, self.engine.eos_token_ids, self.config.max_new_tokens,
-            self.config.fast_batch_size,
-        )
         records = []
-        for request, request_prompts in zip(requests, prompts):
-            request_drafts, drafts = drafts[: len(request_prompts) - 1], drafts[len(request_prompts) - 1 :]
-            final = final_update(self.engine, request_prompts, request_drafts[-1])
+        for request, request_prompts, (last_draft, drafting_forwards) in zip(requests, prompts, self._drafts(prompts)):
+            final = final_update(self.engine, request_prompts, last_draft)
             baseline = self.engine.baseline(request_prompts[-1])
-            records.append(self._record(request, baseline, final, sum(update_costs(request_drafts))))
+            records.append(self._record(request, baseline, final, drafting_forwards))
         return records
+
+    def _drafts(self, prompts: list[list[list[int]]]) -> list[tuple[list[int], int]]:
+        """Each request's last draft D_{n-1} and its drafting forwards, batched across requests."""
+        model, pad, eos = self.loaded.model, self.loaded.tokenizer.pad_token_id, self.engine.eos_token_ids
+        max_new_tokens, batch_size = self.config.max_new_tokens, self.config.fast_batch_size
+        if not self.rule.lossless:
+            return round_drafts(model, [p[:-1] for p in prompts], self.rule, pad, eos, max_new_tokens, batch_size)
+        drafts = batched_greedy(model, [p for request in prompts for p in request[:-1]], pad, eos, max_new_tokens, batch_size)
+        results = []
+        for request_prompts in prompts:
+            request_drafts, drafts = drafts[: len(request_prompts) - 1], drafts[len(request_prompts) - 1 :]
+            results.append((request_drafts[-1], sum(update_costs(request_drafts))))
+        return results
 
     def _evaluate_stepwise(self, request: Request) -> dict[str, Any]:
         prompts = self.prompts(request)
@@ -87,10 +106,13 @@ class StreamingEvaluator:
         """Consecutive requests whose drafts fit one fast-path batch (one each when stepwise)."""
         if not self.fast:
             return [[request] for request in requests]
+        # Greedy decodes every prefix of a group in one batch; other rules one per request per round.
+        def width(request: Request) -> int:
+            return len(request.segments) - 1 if self.rule.lossless else 1
+
         groups: list[list[Request]] = [[]]
         for request in requests:
-            width = sum(len(r.segments) - 1 for r in groups[-1])
-            if groups[-1] and width + len(request.segments) - 1 > self.config.fast_batch_size:
+            if groups[-1] and sum(map(width, groups[-1])) + width(request) > self.config.fast_batch_size:
                 groups.append([])
             groups[-1].append(request)
         return [group for group in groups if group]
@@ -115,8 +137,23 @@ class StreamingEvaluator:
             "drafting_forwards": drafting_forwards,
             "baseline_seconds": baseline.seconds,
             "residual_seconds": final.seconds,
-            "engine": "fast" if self.fast else "stepwise",
+            "min_residual_forwards": self.engine.min_residual_forwards,
+            "engine": "fast" if self.fast else ("stepwise" if self.config.engine in AR_ENGINES else self.config.engine),
         }
+
+
+def build_engine(loaded: LoadedModel, config: EvalConfig, rule: AcceptanceRule) -> Engine:
+    """The decoder `config.engine` names; the diffusion decoders need the mask token
+    (a clear error from `mask_token_id` when the model lacks it)."""
+    eos = eos_token_ids(loaded)
+    if config.engine == "refusion":
+        settings = SlotSettings(config.slot_size, config.serial_blocks, config.slot_threshold, config.token_threshold)
+        return RefusionEngine(loaded.model, mask_token_id(loaded.tokenizer), eos, config.max_new_tokens, rule, settings)
+    if config.engine == "bidirectional":
+        return BidirectionalEngine(
+            loaded.model, mask_token_id(loaded.tokenizer), eos, config.max_new_tokens, rule, config.diffusion_steps
+        )
+    return AREngine(loaded.model, eos, config.max_new_tokens, rule)
 
 
 def eos_token_ids(loaded: LoadedModel) -> set[int]:
@@ -138,7 +175,8 @@ def system_message(setting: str) -> str | None:
 
 def default_output_dir(config: EvalConfig) -> Path:
     model = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(config.adapter or config.model).name)
-    return Path("outputs") / "eval" / f"{config.benchmark}-{model}-{config.acceptance.replace(':', '')}"
+    decoder = f"-{config.engine}" if config.engine in DECODER_KEYS else ""
+    return Path("outputs") / "eval" / f"{config.benchmark}-{model}-{config.acceptance.replace(':', '')}{decoder}"
 
 
 def run_evaluation(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str, Any]:
@@ -210,7 +248,8 @@ def _append(path: Path, record: dict[str, Any]) -> None:
 def _check_resumable(output_dir: Path, config: EvalConfig) -> None:
     """Refuse to mix results of different settings in one directory."""
     saved_path = output_dir / "config.json"
-    current = {k: v for k, v in config_to_dict(config).items() if k in RESULT_KEYS}
+    keys = RESULT_KEYS + DECODER_KEYS.get(config.engine, ())
+    current = {k: v for k, v in config_to_dict(config).items() if k in keys}
     if saved_path.exists():
         saved = json.loads(saved_path.read_text())
         changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}

@@ -123,3 +123,19 @@ def shared_data_dir() -> Path:
     if not path.is_dir():
         pytest.skip(f"real data samples not found at {path}")
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_refusion_dir(tmp_path_factory, tiny_qwen3_dir) -> Path:
+    """The tiny Qwen3 with ReFusion's begin and mask tokens added (seeded: the new
+    embeddings are drawn at random around the old ones)."""
+    from headstart.models import load_model
+    from headstart.refusion import add_refusion_tokens
+
+    loaded = load_model(str(tiny_qwen3_dir), device="cpu")
+    torch.manual_seed(0)
+    add_refusion_tokens(loaded.model, loaded.tokenizer)
+    directory = tmp_path_factory.mktemp("tiny_refusion")
+    loaded.model.save_pretrained(directory)
+    loaded.tokenizer.save_pretrained(directory)
+    return directory

@@ -53,17 +53,22 @@ def test_greedy_streaming_is_lossless_and_costs_max_1_L_minus_k(tiny_model_dir, 
         assert stream.final.draft_length == len(reference_previous)
 
 
-def test_fast_path_agrees_with_stepwise_engine_on_every_request(tiny_model_dir, humaneval_requests):
-    stepwise = make_evaluator(tiny_model_dir, engine="stepwise")
-    fast = make_evaluator(tiny_model_dir, engine="fast")
+# The tiny random models are unsure of everything: a low threshold splits their drafts
+# into accepted and rejected parts, so the threshold case exercises partial acceptance.
+@pytest.mark.parametrize("acceptance", ["greedy", "threshold:0.05"])
+def test_fast_path_agrees_with_stepwise_engine_on_every_request(tiny_model_dir, humaneval_requests, acceptance):
+    stepwise = make_evaluator(tiny_model_dir, acceptance, engine="stepwise")
+    fast = make_evaluator(tiny_model_dir, acceptance, engine="fast")
     compared = ("base_answer", "stream_answer", "draft_tokens", "accepted_tokens", "identical",
                 "baseline_forwards", "residual_forwards", "drafting_forwards")
-    fast.config.fast_batch_size = 12  # several requests share a padded batch
+    fast.config.fast_batch_size = 12 if acceptance == "greedy" else 4  # several requests share a padded batch
     assert len(fast.request_groups(humaneval_requests)) > 1
     fast_records = [r for group in fast.request_groups(humaneval_requests) for r in fast.evaluate_many(group)]
     for request, fast_record in zip(humaneval_requests, fast_records):
         slow_record = stepwise.evaluate(request)
         assert {k: slow_record[k] for k in compared} == {k: fast_record[k] for k in compared}, request.request_id
+    partial = [0 < r["accepted_tokens"] < r["draft_tokens"] for r in fast_records]
+    assert any(partial), "no request accepted part of its draft: the case is not exercised"
 
 
 def test_verifying_with_a_cropped_cache_matches_verifying_from_scratch(tiny_qwen3_dir, humaneval_requests):

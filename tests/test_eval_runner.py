@@ -45,7 +45,7 @@ def test_resume_refuses_results_of_other_settings(tiny_qwen3_dir, tmp_path):
 def test_threshold_run_records_streamed_answers(tiny_llama_dir, tmp_path):
     summary = run_evaluation(config_for(tiny_llama_dir, tmp_path, acceptance="threshold:0.5", limit=2))
     records = load_records(tmp_path / "results.jsonl")
-    assert all(r["engine"] == "stepwise" for r in records)
+    assert all(r["engine"] == "fast" for r in records)  # auto: drafting batched across requests
     assert summary["evaluated"] + summary["excluded_empty"] == 2
 
 

@@ -1,0 +1,139 @@
+"""The bidirectional control: a fully bidirectional diffusion decoder (LLaDA-style
+low-confidence remasking) and the same streaming verify-accept procedure.
+
+The paper shows the procedure fails on bidirectional diffusion models (LLaDA-8B,
+Dream-7B): their judgement of draft token j is formed at position j, by a network
+that sees token j itself, so it approves what it sees. This engine runs any
+standard transformers model with full attention (a 4D all-visible mask) to show
+that failure next to the causal verifier (`python -m eval.verifier_check`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from eval.acceptance import AcceptanceRule
+from eval.ar_engine import StreamResult, UpdateResult
+
+
+def full_attention_mask(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A (1, 1, length, length) additive mask of zeros: every position sees every
+    other. transformers passes a 4D mask through unchanged (masking_utils returns
+    it as-is) and then runs SDPA with is_causal=False, so causality is really off
+    (tests/test_bidirectional.py checks it)."""
+    return torch.zeros(1, 1, length, length, dtype=dtype, device=device)
+
+
+@torch.inference_mode()
+def bidirectional_logits(model: PreTrainedModel, token_ids: list[int], keep: int) -> torch.Tensor:
+    """Float logits of the last `keep` positions of `token_ids` under full attention."""
+    input_ids = torch.tensor([token_ids], device=model.device)
+    mask = full_attention_mask(len(token_ids), model.dtype, model.device)
+    output = model(input_ids=input_ids, attention_mask=mask, use_cache=False, logits_to_keep=keep)
+    return output.logits[0].float()
+
+
+@dataclass
+class BidirectionalState:
+    """Only the draft: a bidirectional model keeps no KV cache between updates."""
+
+    draft: list[int] = field(default_factory=list)
+
+
+class BidirectionalEngine:
+    """Low-confidence remasking over a buffer of max_new_tokens masks, `steps`
+    forwards for a full buffer (proportionally fewer for a shorter residue)."""
+
+    # A fully accepted draft that ends in EOS costs the verification pass alone.
+    min_residual_forwards = 1
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        mask_token_id: int,
+        eos_token_ids: set[int],
+        max_new_tokens: int,
+        rule: AcceptanceRule,
+        steps: int,
+    ) -> None:
+        if steps < 1:
+            raise ValueError(f"diffusion steps must be >= 1, not {steps}")
+        self.model = model
+        self.mask_token_id = mask_token_id
+        self.eos_token_ids = eos_token_ids
+        self.max_new_tokens = max_new_tokens
+        self.rule = rule
+        self.steps = steps
+        self.forwards: Counter[str] = Counter()
+
+    def new_state(self) -> BidirectionalState:
+        return BidirectionalState()
+
+    def forward(
+        self, state: BidirectionalState, token_ids: list[int], phase: str | None, logits_to_keep: int = 1
+    ) -> torch.Tensor:
+        """One full-attention call over `token_ids`, counted under `phase`."""
+        logits = bidirectional_logits(self.model, token_ids, logits_to_keep)
+        if phase:
+            self.forwards[phase] += 1
+        return logits
+
+    def baseline(self, prompt_ids: list[int]) -> UpdateResult:
+        return self.update(self.new_state(), prompt_ids, ("baseline", "baseline"))
+
+    def stream(self, prompts: list[list[int]]) -> StreamResult:
+        state = self.new_state()
+        steps = []
+        for index, prompt_ids in enumerate(prompts):
+            final = index == len(prompts) - 1
+            steps.append(self.update(state, prompt_ids, ("verify", "regenerate") if final else ("drafting", "drafting")))
+        return StreamResult(steps)
+
+    def update(self, state: BidirectionalState, prompt_ids: list[int], phases: tuple[str, str]) -> UpdateResult:
+        """Verify the draft in one full-attention forward (token j judged AT position
+        j, seeing itself), keep the accepted leading run, remask the rest, denoise."""
+        verify_phase, regenerate_phase = phases
+        start, calls_before = time.perf_counter(), sum(self.forwards.values())
+        draft, accepted = state.draft, 0
+        if draft:
+            logits = self.forward(state, prompt_ids + draft, verify_phase, logits_to_keep=len(draft))
+            accepted = self.rule.accepted_length(logits, draft)
+        answer = draft[:accepted]
+        if not (answer and (answer[-1] in self.eos_token_ids or len(answer) >= self.max_new_tokens)):
+            answer = self.denoise(prompt_ids, answer, regenerate_phase)
+        state.draft = answer
+        return UpdateResult(
+            answer=answer,
+            draft_length=len(draft),
+            accepted=accepted,
+            forwards=sum(self.forwards.values()) - calls_before,
+            seconds=time.perf_counter() - start,
+        )
+
+    def denoise(self, prompt_ids: list[int], prefix: list[int], phase: str) -> list[int]:
+        """Fill the buffer after `prefix`: each step predicts every masked position
+        and unmasks the most confident ones; the answer ends at its first EOS."""
+        buffer = prefix + [self.mask_token_id] * (self.max_new_tokens - len(prefix))
+        for count in self.schedule(self.max_new_tokens - len(prefix)):
+            logits = self.forward(BidirectionalState(), prompt_ids + buffer, phase, logits_to_keep=len(buffer))
+            confidence, tokens = torch.softmax(logits, dim=-1).max(dim=-1)
+            masked = torch.tensor([token == self.mask_token_id for token in buffer], device=confidence.device)
+            confidence[~masked] = -1.0
+            for index in confidence.topk(count).indices.tolist():
+                buffer[index] = int(tokens[index])
+        for index, token in enumerate(buffer):
+            if token in self.eos_token_ids:
+                return buffer[: index + 1]
+        return buffer
+
+    def schedule(self, masked: int) -> list[int]:
+        """Tokens unmasked per step: a full buffer takes `steps` steps, a residue of
+        `masked` tokens the same share of them, spread as evenly as possible."""
+        steps = min(masked, max(1, math.ceil(self.steps * masked / self.max_new_tokens)))
+        return [masked // steps + (1 if i < masked % steps else 0) for i in range(steps)]

@@ -1,0 +1,361 @@
+"""The ReFusion streaming engine: slot plan-and-infill decoding, and the streaming
+update that blanks the rejected part of a draft and infills it (PROTOCOL.md,
+"Slot diffusion models ... blank the rejected part with mask tokens").
+
+ReFusion is a causal LM (Qwen3) trained with slot masking: fed a mask token at a
+true position, it predicts the token at that position. The answer buffer is a
+grid of fixed-width slots with fixed true positions, decoded in any slot order:
+
+1. plan: one forward over every undecided slot of the current block as masks
+   picks the slots whose first token is confident (else the single most
+   confident one), and drafts their tokens;
+2. verify: one causal forward over the chosen slots' drafts, concatenated in
+   position order; a leading run covering whole slots (or an EOS) is committed
+   with the KV it just produced;
+3. otherwise infill: each chosen slot is completed in its own batch row by
+   predict (masks after the accepted prefix) / verify (causal) rounds.
+
+The model always runs with explicit position ids and ordinary causal attention
+over the fed order, so the context is the prompt and then the committed tokens
+in COMMIT order, each at its true position; sorting them by position gives the
+answer. Committed tokens not yet in the KV cache are "pending": they are fed at
+the start of the next forward, never in a forward of their own.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from eval.acceptance import AcceptanceRule
+from eval.ar_engine import StreamResult, UpdateResult, common_prefix_length
+
+# A fed token and its true position id: the KV cache holds a sequence of these.
+Pair = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class SlotSettings:
+    """ReFusion's decoding settings: slot size and thresholds default to its
+    generate(), the 4 serial blocks to its HumanEval evaluation (which also uses
+    slot_size 32 and token_threshold 0.4)."""
+
+    slot_size: int = 8
+    serial_blocks: int = 4
+    slot_threshold: float = 0.9
+    token_threshold: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.slot_size < 1 or self.serial_blocks < 1:
+            raise ValueError(f"slot_size and serial_blocks must be >= 1, not {self.slot_size} and {self.serial_blocks}")
+
+
+@dataclass
+class SlotState:
+    """What the engine holds for one request between updates."""
+
+    cache: DynamicCache
+    cached: list[Pair] = field(default_factory=list)
+    draft: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Decoding:
+    """One plan-and-infill decode of the answer buffer."""
+
+    pending: list[Pair]
+    committed: dict[int, int] = field(default_factory=dict)  # position -> token
+    eos_position: int | None = None  # of the first committed EOS: decoding stops after its block
+
+    def commit(self, tokens: list[int], positions: list[int], cached: bool, eos: set[int]) -> None:
+        for token, position in zip(tokens, positions):
+            self.committed[position] = token
+            if token in eos and (self.eos_position is None or position < self.eos_position):
+                self.eos_position = position
+        if not cached:
+            self.pending.extend(zip(tokens, positions))
+
+
+class RefusionEngine:
+    """Plan-and-infill decoding with draft verification, at batch size 1 (the
+    infill rows of one request aside)."""
+
+    # A fully accepted draft that ends in EOS costs the verification pass alone.
+    min_residual_forwards = 1
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        mask_token_id: int,
+        eos_token_ids: set[int],
+        max_new_tokens: int,
+        rule: AcceptanceRule,
+        settings: SlotSettings = SlotSettings(),
+    ) -> None:
+        self.model = model
+        self.mask_token_id = mask_token_id
+        self.eos_token_ids = eos_token_ids
+        self.max_new_tokens = max_new_tokens
+        self.rule = rule
+        self.settings = settings
+        self.forwards: Counter[str] = Counter()
+        # Block width in slots, fixed by the full buffer; a residual decode after
+        # an accepted prefix uses the same width (fewer blocks).
+        full_slots = math.ceil(max_new_tokens / settings.slot_size)
+        self.block_slots = math.ceil(full_slots / min(settings.serial_blocks, full_slots))
+
+    def new_state(self) -> SlotState:
+        return SlotState(cache=DynamicCache(config=self.model.config))
+
+    # ----------------------------------------------------------------- forwards
+
+    @torch.inference_mode()
+    def run(
+        self, cache: DynamicCache, tokens: torch.Tensor, positions: torch.Tensor, phase: str | None, keep: int
+    ) -> torch.Tensor:
+        """One model call on `tokens` (batch, width) after the cache; float logits of
+        the last `keep` positions of each row. Counted under `phase` (None: untimed
+        set-up). A cache is always passed: without one, transformers would read a
+        gap in the position ids as the start of another packed sequence."""
+        output = self.model(
+            input_ids=tokens.to(self.model.device),
+            position_ids=positions.to(self.model.device),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        if phase:
+            self.forwards[phase] += 1
+        return output.logits.float()
+
+    def feed(self, state: SlotState, pairs: list[Pair], phase: str | None, keep: int = 1) -> torch.Tensor:
+        """Feed `pairs` after the cached ones (batch 1); logits of the last `keep`."""
+        tokens = torch.tensor([[t for t, _ in pairs]])
+        positions = torch.tensor([[p for _, p in pairs]])
+        logits = self.run(state.cache, tokens, positions, phase, keep)[0]
+        state.cached.extend(pairs)
+        return logits
+
+    def forward(self, state: SlotState, token_ids: list[int], phase: str | None, logits_to_keep: int = 1) -> torch.Tensor:
+        """AREngine's signature (the runner's warm-up): tokens at the next positions."""
+        start = len(state.cached)
+        return self.feed(state, list(zip(token_ids, range(start, start + len(token_ids)))), phase, logits_to_keep)
+
+    @staticmethod
+    def crop(state: SlotState, length: int) -> None:
+        excess = state.cache.get_seq_length() - length
+        if excess > 0:
+            state.cache.crop(-excess)
+        del state.cached[length:]
+
+    # ---------------------------------------------------------------- streaming
+
+    def baseline(self, prompt_ids: list[int]) -> UpdateResult:
+        """Plan-and-infill from scratch (no draft, empty cache)."""
+        return self.update(self.new_state(), prompt_ids, ("baseline", "baseline"))
+
+    def stream(self, prompts: list[list[int]]) -> StreamResult:
+        """Replay S_1..S_n; updates before the last are drafting, the last is residual."""
+        state = self.new_state()
+        steps = []
+        for index, prompt_ids in enumerate(prompts):
+            final = index == len(prompts) - 1
+            steps.append(self.update(state, prompt_ids, ("verify", "regenerate") if final else ("drafting", "drafting")))
+        return StreamResult(steps)
+
+    def update(self, state: SlotState, prompt_ids: list[int], phases: tuple[str, str]) -> UpdateResult:
+        """Verify the held draft in one causal forward, keep its accepted leading run,
+        blank the rest and infill it. With no draft this IS the baseline decode."""
+        verify_phase, regenerate_phase = phases
+        start, calls_before = time.perf_counter(), sum(self.forwards.values())
+        draft = state.draft
+        accepted = 0
+        if draft:
+            logits = self.verify_draft(state, prompt_ids, draft, verify_phase)
+            accepted = self.rule.accepted_length(logits, draft)
+        answer = draft[:accepted]
+        if not self._finished(answer):
+            answer = answer + self.decode(state, prompt_ids, answer, regenerate_phase)
+        state.draft = answer
+        return UpdateResult(
+            answer=answer,
+            draft_length=len(draft),
+            accepted=accepted,
+            forwards=sum(self.forwards.values()) - calls_before,
+            seconds=time.perf_counter() - start,
+        )
+
+    def verify_draft(self, state: SlotState, prompt_ids: list[int], draft: list[int], phase: str | None) -> torch.Tensor:
+        """ONE forward over (S_i, D_{i-1}) reusing the cache of the common prefix;
+        row j judges draft[j] causally. The cache is left over prompt + draft."""
+        sequence = _pairs(prompt_ids + draft, 0)
+        # Keep at least the last prompt token to feed: its logits judge draft token 0.
+        reuse = min(common_prefix_length(state.cached, sequence), len(prompt_ids) - 1)
+        self.crop(state, reuse)
+        return self.feed(state, sequence[reuse:], phase, keep=len(draft) + 1)[:-1]
+
+    def _finished(self, answer: list[int]) -> bool:
+        return bool(answer) and (answer[-1] in self.eos_token_ids or len(answer) >= self.max_new_tokens)
+
+    # ------------------------------------------------------------ slot decoding
+
+    def decode(self, state: SlotState, prompt_ids: list[int], prefix: list[int], phase: str) -> list[int]:
+        """Plan-and-infill the answer after `prefix`; returns the new tokens (up to
+        and including the first EOS, at most max_new_tokens - len(prefix))."""
+        context = _pairs(prompt_ids + prefix, 0)
+        reuse = common_prefix_length(state.cached, context)
+        self.crop(state, reuse)
+        run = _Decoding(pending=context[reuse:])
+        first, length = len(context), self.max_new_tokens - len(prefix)
+        size = self.settings.slot_size
+        slots = [first + size * k for k in range(math.ceil(length / size))]  # each slot's first position
+        for block_start in range(0, len(slots), self.block_slots):
+            undecided = slots[block_start : block_start + self.block_slots]
+            while undecided:
+                chosen = self._decode_step(state, run, undecided, phase)
+                undecided = [s for s in undecided if s not in chosen]
+                if run.eos_position is not None:
+                    undecided = [s for s in undecided if s < run.eos_position]
+            if run.eos_position is not None:
+                break
+        answer = [run.committed[p] for p in sorted(run.committed)][:length]
+        for index, token in enumerate(answer):
+            if token in self.eos_token_ids:
+                return answer[: index + 1]
+        return answer
+
+    def _decode_step(self, state: SlotState, run: _Decoding, undecided: list[int], phase: str) -> list[int]:
+        """Plan, verify, then commit whole slots (or up to an EOS) or infill; returns
+        the slots decided by this step."""
+        size = self.settings.slot_size
+        chosen, drafts, context_length = self._plan(state, run, undecided, phase)
+        passes = self._verify_chosen(state, drafts, chosen, phase)
+        tokens = [t for slot in drafts for t in slot]
+        positions = [p for start in chosen for p in self._slot_positions(start)]
+        run_length = _leading_run(passes)
+        eos_at = next((j for j in range(run_length) if tokens[j] in self.eos_token_ids), None)
+        if eos_at is not None or run_length >= size:
+            # Commit with the KV the verify pass just produced; the other chosen slots stay undecided.
+            keep = eos_at + 1 if eos_at is not None else run_length - run_length % size
+            self.crop(state, context_length + keep)
+            run.commit(tokens[:keep], positions[:keep], cached=True, eos=self.eos_token_ids)
+            return chosen[: math.ceil(keep / size)]
+        self.crop(state, context_length)
+        accepted = [_leading_run(passes[i * size : (i + 1) * size]) for i in range(len(chosen))]  # each >= 1
+        rows = self._infill(state, drafts, chosen, accepted, phase)
+        for row, start in zip(rows, chosen):
+            # Their KV from the infill rows did not see the other rows: fed again, as pending.
+            run.commit(row, self._slot_positions(start)[: len(row)], cached=False, eos=self.eos_token_ids)
+        return chosen
+
+    def _plan(
+        self, state: SlotState, run: _Decoding, undecided: list[int], phase: str
+    ) -> tuple[list[int], list[list[int]], int]:
+        """Pending tokens + every undecided slot as masks: the chosen slots (position
+        order), their drafted tokens, and the context length (masks are cropped)."""
+        size = self.settings.slot_size
+        masks = [(self.mask_token_id, p) for start in undecided for p in self._slot_positions(start)]
+        logits = self.feed(state, run.pending + masks, phase, keep=len(masks))
+        run.pending = []
+        context_length = len(state.cached) - len(masks)
+        self.crop(state, context_length)
+        probabilities = torch.softmax(logits, dim=-1)
+        confidence, tokens = probabilities.max(dim=-1)
+        first_confidence = confidence[::size]
+        picked = (first_confidence > self.settings.slot_threshold).nonzero()[:, 0].tolist()
+        if not picked:
+            picked = [int(first_confidence.argmax())]
+        drafts = [tokens[i * size : (i + 1) * size].tolist() for i in picked]
+        return [undecided[i] for i in picked], drafts, context_length
+
+    def _verify_chosen(self, state: SlotState, drafts: list[list[int]], chosen: list[int], phase: str) -> list[bool]:
+        """One causal forward over the chosen drafts concatenated; token j passes when
+        p(token j | ... token j-1) > token_threshold. Each slot's first token passes:
+        its planning confidence chose it."""
+        pairs = [(t, p) for slot, start in zip(drafts, chosen) for t, p in zip(slot, self._slot_positions(start))]
+        logits = self.feed(state, pairs, phase, keep=len(pairs))
+        passes = self._causal_passes(logits[None], torch.tensor([[t for t, _ in pairs]]))[0].tolist()
+        for i in range(len(chosen)):
+            passes[i * self.settings.slot_size] = True
+        return passes
+
+    def _infill(
+        self, state: SlotState, drafts: list[list[int]], chosen: list[int], accepted: list[int], phase: str
+    ) -> list[list[int]]:
+        """Complete each chosen slot in its own batch row over the shared context:
+        predict the unaccepted tokens (masks), re-judge them causally, grow each
+        accepted prefix by its leading passing run and at least one token. A row whose
+        accepted prefix holds an EOS ends there, and the rows after it are dropped."""
+        size, context_length = self.settings.slot_size, len(state.cached)
+        rows = [list(d) for d in drafts]
+        positions = torch.tensor([self._slot_positions(start) for start in chosen])
+        rows, accepted = self._cut_at_eos(rows, accepted)
+        cache = state.cache
+        while True:
+            live = [i for i in range(len(rows)) if accepted[i] < size]
+            if not live:
+                break
+            _set_batch(cache, len(live))
+            masked = torch.tensor([rows[i][: accepted[i]] + [self.mask_token_id] * (size - accepted[i]) for i in live])
+            predicted = self.run(cache, masked, positions[live], phase, keep=size).argmax(dim=-1)
+            cache.crop(-size)
+            for row, i in enumerate(live):
+                rows[i][accepted[i] :] = predicted[row, accepted[i] :].tolist()
+            filled = torch.tensor([rows[i] for i in live])
+            passes = self._causal_passes(self.run(cache, filled, positions[live], phase, keep=size), filled)
+            cache.crop(-size)
+            for row, i in enumerate(live):
+                # The first unaccepted token always passes, so every round makes progress.
+                accepted[i] += 1 + _leading_run(passes[row, accepted[i] + 1 :].tolist())
+            rows, accepted = self._cut_at_eos(rows, accepted)
+        _set_batch(cache, 1)
+        assert cache.get_seq_length() == context_length
+        return rows
+
+    def _cut_at_eos(self, rows: list[list[int]], accepted: list[int]) -> tuple[list[list[int]], list[int]]:
+        """Truncate at the first EOS inside an accepted prefix; drop the rows after it."""
+        for i, (row, length) in enumerate(zip(rows, accepted)):
+            eos_at = next((j for j in range(length) if row[j] in self.eos_token_ids), None)
+            if eos_at is not None:
+                return rows[:i] + [row[: eos_at + 1]], accepted[:i] + [self.settings.slot_size]
+        return rows, accepted
+
+    def _causal_passes(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """(batch, width) booleans: token j > 0 passes when the probability the
+        position before gave it exceeds token_threshold; j = 0 is left False."""
+        probabilities = torch.softmax(logits[:, :-1], dim=-1).gather(-1, tokens[:, 1:, None].to(logits.device))[..., 0]
+        passes = torch.zeros(tokens.shape, dtype=torch.bool)
+        passes[:, 1:] = (probabilities > self.settings.token_threshold).cpu()
+        return passes
+
+    def _slot_positions(self, start: int) -> list[int]:
+        return list(range(start, start + self.settings.slot_size))
+
+
+def _pairs(token_ids: list[int], first_position: int) -> list[Pair]:
+    return list(zip(token_ids, range(first_position, first_position + len(token_ids))))
+
+
+def _leading_run(passes: list[bool]) -> int:
+    run = 0
+    for passed in passes:
+        if not passed:
+            break
+        run += 1
+    return run
+
+
+def _set_batch(cache: DynamicCache, rows: int) -> None:
+    """Give the cache `rows` identical batch rows (it holds the shared context)."""
+    current = cache.layers[0].keys.shape[0]
+    if rows > current:
+        if current != 1:
+            cache.batch_select_indices(torch.tensor([0]))
+        cache.batch_repeat_interleave(rows)
+    elif rows < current:
+        cache.batch_select_indices(torch.arange(rows))

