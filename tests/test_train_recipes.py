@@ -91,8 +91,8 @@ def test_typo_in_a_recipe_file_fails_listing_valid_keys(tmp_path):
 
 
 def test_unimplemented_objective_is_a_clear_error():
-    with pytest.raises(RecipeValueError, match="objective 'refusion' is not implemented; available: sft"):
-        parse_recipe(["objective=refusion"])
+    with pytest.raises(RecipeValueError, match="objective 'dpo' is not implemented; available: sft, refusion"):
+        parse_recipe(["objective=dpo"])
 
 
 def test_effective_batch_must_split_over_processes():

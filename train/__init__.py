@@ -1,1 +1,2 @@
-"""Training: SFT of LoRA adapters on prefix-to-answer data (`train/sft.py`)."""
+"""Training: LoRA adapters on prefix-to-answer data (`train/sft.py`), with TRL's SFT loss
+or the ReFusion slot objective (`train/refusion.py`)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-OBJECTIVES = ("sft",)  # issue 5 adds "refusion" to the same schema
+OBJECTIVES = ("sft", "refusion")
 
 
 @dataclass
@@ -61,7 +61,7 @@ class TrainingSection:
     )
     per_device_train_batch_size: int = field(default=2, metadata={"help": "sequences per process per micro-step"})
     max_length: int = field(default=512, metadata={"help": "tokens per sequence (longer ones are truncated)"})
-    max_steps: int = field(default=30, metadata={"help": "optimizer steps"})
+    max_steps: int = field(default=20, metadata={"help": "optimizer steps"})
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "transformers scheduler name"})
     warmup_ratio: float = field(default=0.03, metadata={"help": "share of steps spent warming up"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
@@ -85,6 +85,17 @@ class TrainingSection:
 
 
 @dataclass
+class RefusionSection:
+    slot_sizes: list[int] = field(
+        default_factory=lambda: [4, 8, 16, 32],
+        metadata={"help": "answer slot sizes in tokens; each example draws one (objective: refusion)"},
+    )
+    eps: float = field(
+        default=1e-3, metadata={"help": "lowest slot-masking probability: p = (1 - eps) t + eps, t ~ U(0, 1); in (0, 1)"}
+    )
+
+
+@dataclass
 class WandbSection:
     project: str | None = field(default=None, metadata={"help": "W&B project; unset (and no WANDB_PROJECT) = offline run"})
     entity: str | None = field(default=None, metadata={"help": "W&B entity (team or user)"})
@@ -98,6 +109,7 @@ class TrainRecipe:
     data: DataSection = field(default_factory=DataSection, metadata={"help": "conversational training data"})
     lora: LoraSection = field(default_factory=LoraSection, metadata={"help": "PEFT LoRA adapter"})
     training: TrainingSection = field(default_factory=TrainingSection, metadata={"help": "optimisation and checkpoints"})
+    refusion: RefusionSection = field(default_factory=RefusionSection, metadata={"help": "ReFusion slot objective settings"})
     wandb: WandbSection = field(default_factory=WandbSection, metadata={"help": "Weights & Biases run"})
 
 
@@ -106,7 +118,7 @@ class RecipeValueError(ValueError):
 
 
 def validate(recipe: TrainRecipe) -> TrainRecipe:
-    """Reject values the schema's types cannot: unknown objective, bad batch split."""
+    """Reject values the schema's types cannot: unknown objective, bad batch split, bad slot settings."""
     if recipe.objective not in OBJECTIVES:
         raise RecipeValueError(
             f"objective {recipe.objective!r} is not implemented; available: {', '.join(OBJECTIVES)}"
@@ -117,7 +129,30 @@ def validate(recipe: TrainRecipe) -> TrainRecipe:
             raise RecipeValueError(f"training.{name} must be >= 1, got {getattr(t, name)}")
     if recipe.model.dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise RecipeValueError(f"model.dtype {recipe.model.dtype!r}: use auto, float32, bfloat16 or float16")
+    validate_refusion(recipe)
     return recipe
+
+
+def validate_refusion(recipe: TrainRecipe) -> None:
+    """Slot sizes and eps are checked whatever the objective (the defaults pass). The layout
+    needs its own collator, which TRL's packing and padding-free modes would replace, run
+    in the main process, where it counts the batches it lays out."""
+    r = recipe.refusion
+    if not r.slot_sizes or any(size < 1 for size in r.slot_sizes):
+        raise RecipeValueError(f"refusion.slot_sizes must be a non-empty list of sizes >= 1, got {list(r.slot_sizes)}")
+    if not 0 < r.eps < 1:
+        raise RecipeValueError(f"refusion.eps must be in (0, 1), got {r.eps}")
+    if recipe.objective != "refusion":
+        return
+    if recipe.training.packing or recipe.training.padding_free:
+        raise RecipeValueError(
+            "objective: refusion lays out and pads its own batches; set training.packing and training.padding_free to false"
+        )
+    if recipe.training.dataloader_num_workers:
+        raise RecipeValueError(
+            "objective: refusion numbers its batches in the main process to draw their layouts; "
+            "set training.dataloader_num_workers to 0"
+        )
 
 
 def accumulation_steps(recipe: TrainRecipe, world_size: int) -> int:

@@ -1,6 +1,8 @@
 """Training data: load a conversational dataset and tokenize it for answer-only loss.
 
-Rows hold a `messages` list (system, user prefix, assistant answer). The prompt
+Rows hold a `messages` list (system, user prefix, assistant answer), or, as the
+ReFusion data builds write them, a `query` (the prefix) and a `response` (the
+answer), plus a `draft` in draft-refinement builds. The prompt
 is rendered by `headstart.prompts.render_prompt`, the same function evaluation
 uses, so the adapted model is trained on exactly the prompt it is tested on.
 The prompt and the answer are tokenized separately and concatenated: the
@@ -68,37 +70,71 @@ def split_prompt_answer(
     return prompt, full[len(prompt):]
 
 
+def dialogue(example: dict) -> list[dict[str, str]]:
+    """The row as a dialogue: its `messages`, or a ReFusion row's `query` and `response`
+    as one user and one assistant turn (the system turn is set by `with_system`)."""
+    if "messages" in example:
+        return example["messages"]
+    return [{"role": "user", "content": example["query"]}, {"role": "assistant", "content": example["response"]}]
+
+
+def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+
+def tokenize_parts(
+    example: dict, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str
+) -> dict[str, list[int]]:
+    """prompt_ids, draft_ids (empty without a draft) and answer_ids of one row, each tokenized apart."""
+    messages = with_system(dialogue(example), system_message)
+    prompt, answer = split_prompt_answer(tokenizer, messages, family)
+    return {
+        "prompt_ids": _ids(tokenizer, prompt),
+        "draft_ids": _ids(tokenizer, example.get("draft") or ""),
+        "answer_ids": _ids(tokenizer, answer),
+    }
+
+
 def tokenize_example(
     example: dict, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str
 ) -> dict[str, list[int]]:
     """input_ids and completion_mask (1 on answer tokens) for one dialogue."""
-    messages = with_system(example["messages"], system_message)
-    prompt, answer = split_prompt_answer(tokenizer, messages, family)
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    parts = tokenize_parts(example, tokenizer, family, system_message)
+    prompt_ids, answer_ids = parts["prompt_ids"], parts["answer_ids"]
     return {"input_ids": prompt_ids + answer_ids, "completion_mask": [0] * len(prompt_ids) + [1] * len(answer_ids)}
 
 
 def tokenize_dataset(
-    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str
+    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str, objective: str = "sft"
 ) -> Dataset:
-    """Map a conversational dataset to TRL's pre-tokenized form (input_ids, completion_mask)."""
-    if "messages" not in dataset.column_names:
-        raise ValueError(f"training data needs a `messages` column; found {dataset.column_names}")
+    """Tokenize for `objective`: sft gives TRL's pre-tokenized form (input_ids, completion_mask);
+    refusion gives the parts the ReFusion collator lays out (prompt_ids, draft_ids, answer_ids)."""
+    columns = dataset.column_names
+    if "messages" not in columns and not {"query", "response"} <= set(columns):
+        raise ValueError(f"training data needs a `messages` column, or `query` and `response`; found {columns}")
+    if "draft" in columns and objective != "refusion":
+        raise ValueError("draft-refinement rows (a `draft` column) train with `objective: refusion`")
     return dataset.map(
-        tokenize_example,
+        tokenize_parts if objective == "refusion" else tokenize_example,
         fn_kwargs={"tokenizer": tokenizer, "family": family, "system_message": system_message},
-        remove_columns=dataset.column_names,
+        remove_columns=columns,
         desc="Tokenizing prompts and answers",
     )
 
 
+def answer_starts(dataset: Dataset) -> list[int]:
+    """Index of each row's first answer token in the sequence the model sees."""
+    if "completion_mask" in dataset.column_names:
+        return [mask.index(1) if 1 in mask else len(mask) for mask in dataset["completion_mask"]]
+    return [len(p) + len(d) for p, d in zip(dataset["prompt_ids"], dataset["draft_ids"])]
+
+
 def check_fits(dataset: Dataset, max_length: int, split: str) -> None:
     """Fail clearly when truncation to `max_length` would leave no answer token to learn from."""
-    answer_starts = [mask.index(1) if 1 in mask else len(mask) for mask in dataset["completion_mask"]]
-    kept = sum(start < max_length for start in answer_starts)
+    starts = answer_starts(dataset)
+    kept = sum(start < max_length for start in starts)
     if kept == 0:
         raise ValueError(
             f"no {split} example keeps an answer token within training.max_length={max_length}: "
-            f"the shortest prompt has {min(answer_starts)} tokens; raise training.max_length"
+            f"the shortest prompt has {min(starts)} tokens; raise training.max_length"
         )

@@ -1,11 +1,14 @@
-"""Supervised fine-tuning of a LoRA adapter on prefix-to-answer dialogues.
+"""Fine-tuning of a LoRA adapter on prefix-to-answer dialogues: `objective: sft` or `refusion`.
 
     accelerate launch train/sft.py recipe=qwen3_prefix [training.learning_rate=1e-4 ...]
     accelerate launch --config_file recipes/accelerate/zero3.yaml train/sft.py recipe=qwen3_prefix
+    accelerate launch train/sft.py recipe=refusion_prefix_to_answer
 
 Without `recipe=` the embedded default `smollm2_prefix` runs (SmolLM2-135M on CPU).
 The script reads top to bottom: recipe, run directory and trackers, tokenizer and
-data, TRL configuration, trainer, resume, training, adapter and merged model.
+data, TRL configuration, model (ReFusion adds its tokens), trainer, resume, training,
+adapter and merged model. `objective: refusion` swaps in the slot layout and loss of
+train/refusion.py; everything else (LoRA, accelerate, DeepSpeed, checkpoints) is shared.
 """
 
 from __future__ import annotations
@@ -23,14 +26,17 @@ sys.path.insert(0, str(REPO_ROOT))
 import torch  # noqa: E402
 from accelerate import PartialState  # noqa: E402
 from peft import LoraConfig  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 from headstart.config import config_to_dict, dump_config, load_config  # noqa: E402
 from headstart.models import load_tokenizer, resolve_model_dir  # noqa: E402
 from headstart.prompts import detect_family  # noqa: E402
+from headstart.refusion import mask_token_id  # noqa: E402
 from train.checkpoints import CompletenessMarker, StepDelay, last_complete_checkpoint  # noqa: E402
 from train.config import TrainRecipe, accumulation_steps, validate  # noqa: E402
 from train.data import check_fits, load_split, tokenize_dataset  # noqa: E402
+from train.refusion import RefusionCollator, RefusionTrainer, add_trainable_tokens  # noqa: E402
 from train.tracking import ResolvedConfigToWandb, configure_trackers, finish_trackers  # noqa: E402
 
 DEFAULT_RECIPE = "smollm2_prefix"
@@ -66,6 +72,10 @@ def model_dtype(recipe: TrainRecipe) -> torch.dtype:
     return getattr(torch, recipe.model.dtype)
 
 
+def model_init_kwargs(recipe: TrainRecipe) -> dict:
+    return {"dtype": model_dtype(recipe), "attn_implementation": recipe.model.attn_implementation}
+
+
 def load_data(recipe: TrainRecipe, tokenizer, state: PartialState):
     """Tokenized train and (optional) eval splits; the main process tokenizes first, the others reuse its cache."""
     family = detect_family(tokenizer)
@@ -75,7 +85,7 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState):
             raise ValueError(f"{recipe.data.path} has no split {recipe.data.train_split!r}")
         if recipe.data.max_train_samples:
             train = train.select(range(min(recipe.data.max_train_samples, len(train))))
-        train = tokenize_dataset(train, tokenizer, family, recipe.data.system_message)
+        train = tokenize_dataset(train, tokenizer, family, recipe.data.system_message, recipe.objective)
         check_fits(train, recipe.training.max_length, recipe.data.train_split)
         evaluation = None
         if recipe.data.eval_split and recipe.training.eval_steps > 0:
@@ -83,13 +93,16 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState):
             if evaluation is not None:
                 if recipe.data.max_eval_samples:
                     evaluation = evaluation.select(range(min(recipe.data.max_eval_samples, len(evaluation))))
-                evaluation = tokenize_dataset(evaluation, tokenizer, family, recipe.data.system_message)
+                evaluation = tokenize_dataset(evaluation, tokenizer, family, recipe.data.system_message, recipe.objective)
     return train, evaluation
 
 
 def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool) -> SFTConfig:
-    """TRL arguments from the recipe: accumulation derived from the effective batch."""
+    """TRL arguments from the recipe: accumulation derived from the effective batch. For
+    refusion, TRL keeps the tokenized parts as they are (the collator lays them out) and
+    gets the model already loaded (it adds its tokens first)."""
     t = recipe.training
+    refusion = recipe.objective == "refusion"
     return SFTConfig(
         output_dir=str(output_dir),
         run_name=t.run_name or f"{recipe_name}-{Path(recipe.model.name_or_path.rstrip('/')).name}",
@@ -122,7 +135,9 @@ def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_si
         dataloader_num_workers=t.dataloader_num_workers,
         use_cpu=process_state_kwargs().get("cpu", False),
         ddp_backend=process_state_kwargs().get("backend"),
-        model_init_kwargs={"dtype": model_dtype(recipe), "attn_implementation": recipe.model.attn_implementation},
+        model_init_kwargs=None if refusion else model_init_kwargs(recipe),
+        remove_unused_columns=not refusion,
+        dataset_kwargs={"skip_prepare_dataset": True} if refusion else None,
     )
 
 
@@ -135,6 +150,18 @@ def lora_config(recipe: TrainRecipe) -> LoraConfig:
         target_modules=lora.target_regex or list(lora.target_modules),
         bias="none",
         task_type="CAUSAL_LM",
+    )
+
+
+def refusion_collator(recipe: TrainRecipe, tokenizer, process_index: int) -> RefusionCollator:
+    """The slot-layout collator; each process draws its layouts from its own stream (seed + rank)."""
+    return RefusionCollator(
+        mask_token_id=mask_token_id(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        slot_sizes=tuple(recipe.refusion.slot_sizes),
+        eps=recipe.refusion.eps,
+        max_length=recipe.training.max_length,
+        seed=recipe.training.seed + process_index,
     )
 
 
@@ -178,15 +205,23 @@ def main(argv: list[str]) -> None:
     tokenizer = load_tokenizer(model_dir)
     train_data, eval_data = load_data(recipe, tokenizer, state)
 
-    # --- Trainer ---------------------------------------------------------------
+    # --- Model and trainer -----------------------------------------------------
     args = sft_config(recipe, recipe_name, output_dir, state.num_processes, eval_data is not None)
-    trainer = SFTTrainer(
-        model=model_dir,
+    model, peft_config, trainer_class, collator = model_dir, lora_config(recipe), SFTTrainer, None
+    if recipe.objective == "refusion":
+        # The base with its mask and begin tokens (rows trained beside LoRA), then the slot layout and loss.
+        # Loaded after the TRL arguments, so a ZeRO-3 run partitions it as TRL's own loading would.
+        model = AutoModelForCausalLM.from_pretrained(model_dir, **model_init_kwargs(recipe))
+        add_trainable_tokens(model, tokenizer, peft_config)
+        trainer_class, collator = RefusionTrainer, refusion_collator(recipe, tokenizer, state.process_index)
+    trainer = trainer_class(
+        model=model,
         args=args,
+        data_collator=collator,
         train_dataset=train_data,
         eval_dataset=eval_data,
         processing_class=tokenizer,
-        peft_config=lora_config(recipe),
+        peft_config=peft_config,
         callbacks=callbacks(recipe, recipe_name),
     )
 

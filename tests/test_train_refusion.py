@@ -1,0 +1,285 @@
+"""train/refusion.py: the slot layout, the loss, and `objective: refusion` through train/sft.py."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+from datasets import Dataset, DatasetDict
+from safetensors.torch import load_file
+
+import train.refusion as refusion
+from headstart.models import load_model
+from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, detect_family, render_prompt
+from headstart.refusion import MASK_TOKEN, mask_token_id
+from train.config import RecipeValueError
+from train.data import tokenize_dataset
+from train.refusion import IGNORE_INDEX, RefusionCollator, SlotDraw, draw_slots, lay_out, refusion_loss
+from train.sft import parse_recipe
+
+from test_train_support import humaneval_dialogues, launch, step_losses, tiny_overrides
+
+X = IGNORE_INDEX
+MASK, PAD = 99, 0
+
+# Two hand-worked examples. (1) prompt 11 12 13, answer 21..27 (A = 7), slots of 3:
+# s0 = 21 22 23 (positions 3-5), s1 = 24 25 26 (6-8), s2 = 27 (9); s1 masked with p = 0.5,
+# clean slots laid out as s2 then s0. Clean targets: 22 and 23 (s2 has one token, so none):
+# weight 1/2 each; each masked token weighs 1 / (p A) = 2/7.
+FIRST = {"prompt_ids": [11, 12, 13], "draft_ids": [], "answer_ids": [21, 22, 23, 24, 25, 26, 27]}
+FIRST_DRAW = SlotDraw(slot_size=3, p=0.5, masked=(False, True, False), clean_order=(2, 0))
+FIRST_LAID_OUT = {
+    "input_ids": [11, 12, 13, 27, 21, 22, 23, MASK, MASK, MASK],
+    "position_ids": [0, 1, 2, 9, 3, 4, 5, 6, 7, 8],
+    "labels": [X, X, X, X, 22, 23, X, 24, 25, 26],
+    "loss_weights": [0, 0, 0, 0, 1 / 2, 1 / 2, 0, 2 / 7, 2 / 7, 2 / 7],
+}
+# (2) prompt 11, draft 31 32 (committed: positions 1-2, no target), answer 21..24 (A = 4) at
+# positions 3-6, slots of 2: s0 = 21 22 masked with p = 0.25 (weight 1 / (0.25 x 4) = 1), s1 clean.
+SECOND = {"prompt_ids": [11], "draft_ids": [31, 32], "answer_ids": [21, 22, 23, 24]}
+SECOND_DRAW = SlotDraw(slot_size=2, p=0.25, masked=(True, False), clean_order=(1,))
+SECOND_LAID_OUT = {
+    "input_ids": [11, 31, 32, 23, 24, MASK, MASK],
+    "position_ids": [0, 1, 2, 5, 6, 3, 4],
+    "labels": [X, X, X, 24, X, 21, 22],
+    "loss_weights": [0, 0, 0, 1, 0, 1, 1],
+}
+
+
+def _fixed_draws(monkeypatch, *draws: SlotDraw) -> None:
+    queue = list(draws)
+    monkeypatch.setattr(refusion, "draw_slots", lambda *args, **kwargs: queue.pop(0))
+
+
+def test_layout_labels_positions_and_weights_by_hand():
+    first = lay_out(FIRST["prompt_ids"], FIRST["answer_ids"], FIRST_DRAW, MASK)
+    second = lay_out(SECOND["prompt_ids"], SECOND["answer_ids"], SECOND_DRAW, MASK, SECOND["draft_ids"])
+    for row, expected in ((first, FIRST_LAID_OUT), (second, SECOND_LAID_OUT)):
+        assert {k: v for k, v in row.items() if k != "loss_weights"} == {
+            k: v for k, v in expected.items() if k != "loss_weights"
+        }
+        assert row["loss_weights"] == pytest.approx(expected["loss_weights"])
+
+
+def test_collator_pads_a_batch(monkeypatch):
+    _fixed_draws(monkeypatch, FIRST_DRAW, SECOND_DRAW)
+    batch = RefusionCollator(mask_token_id=MASK, pad_token_id=PAD)([FIRST, SECOND])
+    pad = 3
+    expected = {
+        "input_ids": [FIRST_LAID_OUT["input_ids"], SECOND_LAID_OUT["input_ids"] + [PAD] * pad],
+        "attention_mask": [[1] * 10, [1] * 7 + [0] * pad],
+        "position_ids": [FIRST_LAID_OUT["position_ids"], SECOND_LAID_OUT["position_ids"] + [7, 8, 9]],
+        "labels": [FIRST_LAID_OUT["labels"], SECOND_LAID_OUT["labels"] + [X] * pad],
+    }
+    assert set(batch) == {*expected, "loss_weights"}
+    for key, value in expected.items():
+        assert batch[key].tolist() == value, key
+    torch.testing.assert_close(
+        batch["loss_weights"],
+        torch.tensor([FIRST_LAID_OUT["loss_weights"], SECOND_LAID_OUT["loss_weights"] + [0.0] * pad]),
+    )
+
+
+def test_collator_cuts_to_max_length_from_the_end(monkeypatch):
+    _fixed_draws(monkeypatch, SlotDraw(slot_size=2, p=0.5, masked=(False,), clean_order=(0,)))
+    batch = RefusionCollator(mask_token_id=MASK, pad_token_id=PAD, max_length=5)([SECOND])
+    # prompt 11, draft 31 32, then the first 2 answer tokens: one clean slot 21 22.
+    assert batch["input_ids"].tolist() == [[11, 31, 32, 21, 22]]
+    assert batch["labels"].tolist() == [[X, X, X, 22, X]]
+    assert batch["loss_weights"].tolist() == [[0, 0, 0, 1, 0]]
+
+
+def test_draws_are_seeded_and_cover_every_answer_token():
+    examples = [{"prompt_ids": [1] * 5, "draft_ids": [], "answer_ids": list(range(100, 100 + n))} for n in (1, 7, 40, 90)]
+    make = lambda: RefusionCollator(MASK, PAD, eps=1e-3, seed=3)  # noqa: E731
+    first, again = make()(examples), make()(examples)
+    for key in first:
+        assert torch.equal(first[key], again[key]), key
+    for row, example in enumerate(examples):
+        n, answer = len(example["answer_ids"]), example["answer_ids"]
+        ids, positions, labels = (first[k][row, 5 : 5 + n].tolist() for k in ("input_ids", "position_ids", "labels"))
+        assert sorted(positions) == list(range(5, 5 + n))  # every answer position once
+        for token, position, label in zip(ids, positions, labels):
+            if token == MASK:
+                assert label == answer[position - 5]
+            else:
+                assert token == answer[position - 5]
+    draws = [draw_slots(64, (4, 8), 0.1, torch.Generator().manual_seed(s)) for s in range(200)]
+    assert {d.slot_size for d in draws} == {4, 8} and all(0.1 <= d.p <= 1 for d in draws)
+
+
+def test_loss_equals_a_direct_computation(monkeypatch):
+    _fixed_draws(monkeypatch, FIRST_DRAW, SECOND_DRAW)
+    batch = RefusionCollator(mask_token_id=MASK, pad_token_id=PAD)([FIRST, SECOND])
+    logits = torch.randn(2, 10, 100, generator=torch.Generator().manual_seed(0))
+
+    def ce(b: int, j: int, target: int) -> float:
+        return -torch.log_softmax(logits[b, j], dim=-1)[target].item()
+
+    per_example = []
+    for b, (p, answer_length) in enumerate(((0.5, 7), (0.25, 4))):
+        clean, masked = [], 0.0
+        for j in range(10):
+            label = batch["labels"][b, j].item()
+            if label == X:
+                continue
+            if batch["input_ids"][b, j].item() == MASK:
+                masked += ce(b, j, label) / p
+            else:
+                clean.append(ce(b, j, label))
+        per_example.append(sum(clean) / len(clean) + masked / answer_length)
+    expected = sum(per_example) / len(per_example)
+    actual = refusion_loss(logits, batch["labels"], batch["loss_weights"])
+    assert actual.item() == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.fixture()
+def tiny_refusion(tiny_refusion_dir):
+    """A fresh copy of the tiny Qwen3 with the two ReFusion tokens, and its tokenizer."""
+    loaded = load_model(str(tiny_refusion_dir), dtype=torch.float32, device="cpu")
+    return loaded.model, loaded.tokenizer
+
+
+def _batch(tokenizer, n: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
+    examples = []
+    for row in humaneval_dialogues(n):
+        prompt = render_prompt(tokenizer, row["messages"][:-1])
+        examples.append({
+            "prompt_ids": tokenizer(prompt, add_special_tokens=False)["input_ids"],
+            "answer_ids": tokenizer(row["messages"][-1]["content"], add_special_tokens=False)["input_ids"][:48],
+        })
+    collator = RefusionCollator(
+        mask_token_id(tokenizer), tokenizer.pad_token_id, slot_sizes=(4, 8), seed=seed
+    )
+    return collator(examples)
+
+
+def test_causal_attention_over_the_layout(tiny_refusion):
+    """Every laid-out token sees all tokens before it in the layout, whatever their position
+    ids, and none after it. Run as in training (no cache): there, without the explicit
+    attention mask, transformers would split the sequence into packed documents at the jumps."""
+    model, tokenizer = tiny_refusion
+    batch = _batch(tokenizer, n=1)
+    assert (batch["position_ids"][0].diff() != 1).any()  # the layout jumps
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+
+    def logits(input_ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return model(**dict(inputs, input_ids=input_ids), use_cache=False).logits[0]
+
+    reference, changed = logits(inputs["input_ids"]), inputs["input_ids"].clone()
+    changed[0, 0] = 5
+    assert (logits(changed)[-1] - reference[-1]).abs().max() > 1e-4  # the last token sees the first
+    changed = inputs["input_ids"].clone()
+    changed[0, -1] = 5
+    torch.testing.assert_close(logits(changed)[:-1], reference[:-1])  # nothing sees the last
+
+
+def test_a_few_steps_lower_the_loss(tiny_refusion):
+    model, tokenizer = tiny_refusion
+    model.train()
+    batch = _batch(tokenizer)
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(8):
+        loss = refusion_loss(model(**inputs, use_cache=False).logits, batch["labels"], batch["loss_weights"])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(x) for x in losses)
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("refusion.slot_sizes=[4,0]", "refusion.slot_sizes"),
+        ("refusion.slot_sizes=[]", "refusion.slot_sizes"),
+        ("refusion.eps=0", "refusion.eps"),
+        ("refusion.eps=1.5", "refusion.eps"),
+        ("training.packing=true", "training.packing"),
+        ("training.dataloader_num_workers=2", "training.dataloader_num_workers"),
+    ],
+)
+def test_bad_refusion_setting_names_the_key(override, key):
+    with pytest.raises(RecipeValueError, match=key.replace(".", r"\.")):
+        parse_recipe(["recipe=smollm2_refusion", override])
+
+
+def test_refusion_recipes_parse():
+    for name in ("refusion_prefix_to_answer", "refusion_draft_refinement", "smollm2_refusion"):
+        recipe, _ = parse_recipe([f"recipe={name}"])
+        assert recipe.objective == "refusion" and list(recipe.refusion.slot_sizes) == [4, 8, 16, 32]
+        assert recipe.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def _refusion_rows(n: int) -> list[dict]:
+    """Draft-refinement rows as data_builders writes them; every other draft empty (i = 1)."""
+    rows = []
+    for k, row in enumerate(humaneval_dialogues(n)):
+        answer = row["messages"][-1]["content"]
+        rows.append({"query": row["messages"][1]["content"], "draft": "" if k % 2 else answer[: len(answer) // 2],
+                     "response": answer, "source": row["source"]})
+    return rows
+
+
+def test_refusion_rows_tokenize_into_prompt_draft_and_answer(tiny_tokenizer):
+    rows = _refusion_rows(4)
+    family = detect_family(tiny_tokenizer)
+    data = tokenize_dataset(Dataset.from_list(rows), tiny_tokenizer, family, "incomplete_request", "refusion")
+    for row, example in zip(rows, data):
+        messages = [{"role": "system", "content": INCOMPLETE_REQUEST_SYSTEM}, {"role": "user", "content": row["query"]}]
+        prompt = render_prompt(tiny_tokenizer, messages)  # the prompt the evaluator renders
+        assert example["prompt_ids"] == tiny_tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        assert tiny_tokenizer.decode(example["draft_ids"]) == row["draft"]
+        assert tiny_tokenizer.decode(example["answer_ids"]) == row["response"] + "<|im_end|>\n"
+    with pytest.raises(ValueError, match="objective: refusion"):
+        tokenize_dataset(Dataset.from_list(rows), tiny_tokenizer, family, "incomplete_request")
+
+
+def test_objective_refusion_through_sft_trains_tokens_resumes_and_saves_loadable_models(tmp_path, tiny_qwen3_dir):
+    rows = _refusion_rows(40)
+    data = tmp_path / "data"
+    DatasetDict({"train": Dataset.from_list(rows[:32]), "validation": Dataset.from_list(rows[32:])}).save_to_disk(str(data))
+    out, resumed = tmp_path / "run", tmp_path / "resumed"
+    settings = dict(max_steps=4, save_steps=2, eval_steps=2)
+    launch(["--num_processes", "1"], ["recipe=smollm2_refusion", *tiny_overrides(tiny_qwen3_dir, data, out, merge="true", **settings)])
+
+    losses = step_losses(out)
+    assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values())
+    state = (out / "checkpoint-4" / "trainer_state.json").read_text()
+    assert "clean_loss" in state and "masked_loss" in state and "eval_loss" in state
+
+    # Resumed from step 2, the run lays out the same batches: same losses, same adapter.
+    shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
+    result = launch(["--num_processes", "1"], ["recipe=smollm2_refusion", *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
+    assert f"resuming from {resumed / 'checkpoint-2'}" in result.stdout
+    assert step_losses(resumed) == losses
+    final, again = load_file(out / "adapter" / "adapter_model.safetensors"), load_file(resumed / "adapter" / "adapter_model.safetensors")
+    for key in final:
+        torch.testing.assert_close(again[key], final[key], rtol=0, atol=0)
+
+    # The mask and begin rows trained beside LoRA (input and, untied, output embeddings).
+    weights = load_file(out / "adapter" / "adapter_model.safetensors")
+    assert any("lora_A" in k for k in weights)
+    token_rows = [k for k in weights if "trainable_tokens" in k]
+    assert any("embed_tokens" in k for k in token_rows) and any("lm_head" in k for k in token_rows), token_rows
+
+    peft = load_model(str(out / "adapter"), device="cpu")
+    merged = load_model(str(out / "merged"), device="cpu")
+    assert MASK_TOKEN in peft.tokenizer.get_vocab() and MASK_TOKEN in merged.tokenizer.get_vocab()
+    batch = _batch(peft.tokenizer, n=2)
+    assert (batch["input_ids"] == mask_token_id(peft.tokenizer)).any()
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    with torch.no_grad():
+        expected, actual = peft.model(**inputs).logits, merged.model(**inputs).logits
+    assert expected.shape[-1] == len(peft.tokenizer)  # the vocabulary was resized before the adapter
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-4)
+    # The token rows move during training: checkpoint 2 holds other values than the end.
+    early = load_file(out / "checkpoint-2" / "adapter_model.safetensors")
+    for key in token_rows:
+        assert not torch.equal(early[key], weights[key]), key
