@@ -18,6 +18,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from eval.acceptance import AcceptanceRule
+from eval.engine import StreamingEngine, UpdateResult
 
 
 @dataclass
@@ -27,32 +28,6 @@ class DecodeState:
     cache: DynamicCache
     cached_ids: list[int] = field(default_factory=list)
     draft: list[int] = field(default_factory=list)
-
-
-@dataclass
-class UpdateResult:
-    """One verify-accept-regenerate step."""
-
-    answer: list[int]
-    draft_length: int
-    accepted: int
-    forwards: int
-    seconds: float
-
-
-@dataclass
-class StreamResult:
-    """Every update of one streamed request; the last one is the residual phase."""
-
-    steps: list[UpdateResult]
-
-    @property
-    def final(self) -> UpdateResult:
-        return self.steps[-1]
-
-    @property
-    def drafting_forwards(self) -> int:
-        return sum(step.forwards for step in self.steps[:-1])
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -65,11 +40,8 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
     return length
 
 
-class AREngine:
+class AREngine(StreamingEngine):
     """Greedy decoding with draft verification for one causal LM at batch size 1."""
-
-    # A fully accepted draft that ends in EOS costs the verification pass alone.
-    min_residual_forwards = 1
 
     def __init__(
         self,
@@ -101,20 +73,6 @@ class AREngine:
             self.forwards[phase] += 1
         state.cached_ids.extend(token_ids)
         return output.logits[0].float()
-
-    def baseline(self, prompt_ids: list[int]) -> UpdateResult:
-        """Decode from scratch: L forwards for an answer of L tokens."""
-        return self.update(self.new_state(), prompt_ids, ("baseline", "baseline"))
-
-    def stream(self, prompts: list[list[int]]) -> StreamResult:
-        """Replay S_1..S_n; updates before the last are drafting, the last is residual."""
-        state = self.new_state()
-        steps = []
-        for index, prompt_ids in enumerate(prompts):
-            final = index == len(prompts) - 1
-            phases = ("verify", "regenerate") if final else ("drafting", "drafting")
-            steps.append(self.update(state, prompt_ids, phases))
-        return StreamResult(steps)
 
     def prime(self, state: DecodeState, prompt_ids: list[int], draft: list[int]) -> None:
         """Put the engine where it stands after drafting `draft` for `prompt_ids`

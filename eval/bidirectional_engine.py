@@ -19,7 +19,7 @@ import torch
 from transformers import PreTrainedModel
 
 from eval.acceptance import AcceptanceRule
-from eval.ar_engine import StreamResult, UpdateResult
+from eval.engine import StreamingEngine, UpdateResult
 
 
 def full_attention_mask(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -46,12 +46,9 @@ class BidirectionalState:
     draft: list[int] = field(default_factory=list)
 
 
-class BidirectionalEngine:
+class BidirectionalEngine(StreamingEngine):
     """Low-confidence remasking over a buffer of max_new_tokens masks, `steps`
     forwards for a full buffer (proportionally fewer for a shorter residue)."""
-
-    # A fully accepted draft that ends in EOS costs the verification pass alone.
-    min_residual_forwards = 1
 
     def __init__(
         self,
@@ -83,17 +80,6 @@ class BidirectionalEngine:
         if phase:
             self.forwards[phase] += 1
         return logits
-
-    def baseline(self, prompt_ids: list[int]) -> UpdateResult:
-        return self.update(self.new_state(), prompt_ids, ("baseline", "baseline"))
-
-    def stream(self, prompts: list[list[int]]) -> StreamResult:
-        state = self.new_state()
-        steps = []
-        for index, prompt_ids in enumerate(prompts):
-            final = index == len(prompts) - 1
-            steps.append(self.update(state, prompt_ids, ("verify", "regenerate") if final else ("drafting", "drafting")))
-        return StreamResult(steps)
 
     def update(self, state: BidirectionalState, prompt_ids: list[int], phases: tuple[str, str]) -> UpdateResult:
         """Verify the draft in one full-attention forward (token j judged AT position

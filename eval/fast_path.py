@@ -15,7 +15,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from eval.acceptance import AcceptanceRule
-from eval.ar_engine import AREngine, UpdateResult, common_prefix_length
+from eval.ar_engine import AREngine, common_prefix_length
+from eval.engine import UpdateResult
 
 
 @torch.inference_mode()

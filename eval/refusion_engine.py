@@ -33,7 +33,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from eval.acceptance import AcceptanceRule
-from eval.ar_engine import StreamResult, UpdateResult, common_prefix_length
+from eval.ar_engine import common_prefix_length
+from eval.engine import StreamingEngine, UpdateResult
 
 # A fed token and its true position id: the KV cache holds a sequence of these.
 Pair = tuple[int, int]
@@ -81,12 +82,9 @@ class _Decoding:
             self.pending.extend(zip(tokens, positions))
 
 
-class RefusionEngine:
+class RefusionEngine(StreamingEngine):
     """Plan-and-infill decoding with draft verification, at batch size 1 (the
     infill rows of one request aside)."""
-
-    # A fully accepted draft that ends in EOS costs the verification pass alone.
-    min_residual_forwards = 1
 
     def __init__(
         self,
@@ -154,19 +152,6 @@ class RefusionEngine:
         del state.cached[length:]
 
     # ---------------------------------------------------------------- streaming
-
-    def baseline(self, prompt_ids: list[int]) -> UpdateResult:
-        """Plan-and-infill from scratch (no draft, empty cache)."""
-        return self.update(self.new_state(), prompt_ids, ("baseline", "baseline"))
-
-    def stream(self, prompts: list[list[int]]) -> StreamResult:
-        """Replay S_1..S_n; updates before the last are drafting, the last is residual."""
-        state = self.new_state()
-        steps = []
-        for index, prompt_ids in enumerate(prompts):
-            final = index == len(prompts) - 1
-            steps.append(self.update(state, prompt_ids, ("verify", "regenerate") if final else ("drafting", "drafting")))
-        return StreamResult(steps)
 
     def update(self, state: SlotState, prompt_ids: list[int], phases: tuple[str, str]) -> UpdateResult:
         """Verify the held draft in one causal forward, keep its accepted leading run,

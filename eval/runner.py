@@ -16,6 +16,7 @@ from eval.ar_engine import AREngine
 from eval.bidirectional_engine import BidirectionalEngine
 from eval.benchmarks import Request, get_benchmark
 from eval.config import EvalConfig
+from eval.engine import StreamingEngine
 from eval.fast_path import batched_greedy, final_update, round_drafts, update_costs
 from eval.metrics import running_medians, summarize
 from eval.refusion_engine import RefusionEngine, SlotSettings
@@ -36,8 +37,6 @@ DECODER_KEYS = {
     "bidirectional": ("engine", "diffusion_steps"),
 }
 ENGINES = AR_ENGINES + tuple(DECODER_KEYS)
-
-Engine = AREngine | RefusionEngine | BidirectionalEngine
 
 
 class StreamingEvaluator:
@@ -142,7 +141,7 @@ class StreamingEvaluator:
         }
 
 
-def build_engine(loaded: LoadedModel, config: EvalConfig, rule: AcceptanceRule) -> Engine:
+def build_engine(loaded: LoadedModel, config: EvalConfig, rule: AcceptanceRule) -> StreamingEngine:
     """The decoder `config.engine` names; the diffusion decoders need the mask token
     (a clear error from `mask_token_id` when the model lacks it)."""
     eos = eos_token_ids(loaded)
