@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eval.acceptance import AcceptanceRule
-from eval.ar_engine import AREngine, common_prefix_length
+from eval.ar_engine import common_prefix_length
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
 from eval.runner import StreamingEvaluator, eos_token_ids
