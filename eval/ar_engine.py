@@ -97,13 +97,7 @@ class AREngine(StreamingEngine):
             self._crop(state, len(prompt_ids) + accepted)
             answer = self._regenerate(state, answer, logits[accepted], regenerate_phase)
         state.draft = answer
-        return UpdateResult(
-            answer=answer,
-            draft_length=len(draft),
-            accepted=accepted,
-            forwards=sum(self.forwards.values()) - calls_before,
-            seconds=time.perf_counter() - start,
-        )
+        return self._result(answer, draft, accepted, calls_before, start)
 
     def _regenerate(self, state: DecodeState, answer: list[int], logits: torch.Tensor, phase: str) -> list[int]:
         """Greedy decoding from the accepted prefix; the verify pass gave the first token."""

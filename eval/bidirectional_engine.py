@@ -94,13 +94,7 @@ class BidirectionalEngine(StreamingEngine):
         if not (answer and (answer[-1] in self.eos_token_ids or len(answer) >= self.max_new_tokens)):
             answer = self.denoise(prompt_ids, answer, regenerate_phase)
         state.draft = answer
-        return UpdateResult(
-            answer=answer,
-            draft_length=len(draft),
-            accepted=accepted,
-            forwards=sum(self.forwards.values()) - calls_before,
-            seconds=time.perf_counter() - start,
-        )
+        return self._result(answer, draft, accepted, calls_before, start)
 
     def denoise(self, prompt_ids: list[int], prefix: list[int], phase: str) -> list[int]:
         """Fill the buffer after `prefix`: each step predicts every masked position

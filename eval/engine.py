@@ -7,6 +7,8 @@ An engine (autoregressive, ReFusion, bidirectional) provides `new_state()` and
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +45,8 @@ class StreamingEngine:
     # A fully accepted draft that ends in EOS costs the verification pass alone.
     min_residual_forwards = 1
 
+    forwards: Counter[str]  # model calls by phase, set by each engine
+
     def new_state(self) -> Any:
         raise NotImplementedError
 
@@ -62,3 +66,13 @@ class StreamingEngine:
             phases = ("verify", "regenerate") if final else ("drafting", "drafting")
             steps.append(self.update(state, prompt_ids, phases))
         return StreamResult(steps)
+
+    def _result(self, answer: list[int], draft: list[int], accepted: int, calls_before: int, start: float) -> UpdateResult:
+        """The update that began at `start` (perf_counter) with `calls_before` counted forwards."""
+        return UpdateResult(
+            answer=answer,
+            draft_length=len(draft),
+            accepted=accepted,
+            forwards=sum(self.forwards.values()) - calls_before,
+            seconds=time.perf_counter() - start,
+        )

@@ -167,13 +167,7 @@ class RefusionEngine(StreamingEngine):
         if not self._finished(answer):
             answer = answer + self.decode(state, prompt_ids, answer, regenerate_phase)
         state.draft = answer
-        return UpdateResult(
-            answer=answer,
-            draft_length=len(draft),
-            accepted=accepted,
-            forwards=sum(self.forwards.values()) - calls_before,
-            seconds=time.perf_counter() - start,
-        )
+        return self._result(answer, draft, accepted, calls_before, start)
 
     def verify_draft(self, state: SlotState, prompt_ids: list[int], draft: list[int], phase: str | None) -> torch.Tensor:
         """ONE forward over (S_i, D_{i-1}) reusing the cache of the common prefix;
