@@ -11,14 +11,13 @@ it holds and what the next pass needs, so only new tokens are fed.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from eval.acceptance import AcceptanceRule
-from eval.engine import StreamingEngine, UpdateResult
+from eval.engine import StreamingEngine, UpdateResult, common_prefix_length, crop_cache
 
 
 @dataclass
@@ -28,16 +27,6 @@ class DecodeState:
     cache: DynamicCache
     cached_ids: list[int] = field(default_factory=list)
     draft: list[int] = field(default_factory=list)
-
-
-def common_prefix_length(a: list[int], b: list[int]) -> int:
-    """Number of leading tokens two sequences share."""
-    length = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        length += 1
-    return length
 
 
 class AREngine(StreamingEngine):
@@ -50,11 +39,7 @@ class AREngine(StreamingEngine):
         max_new_tokens: int,
         rule: AcceptanceRule,
     ) -> None:
-        self.model = model
-        self.eos_token_ids = eos_token_ids
-        self.max_new_tokens = max_new_tokens
-        self.rule = rule
-        self.forwards: Counter[str] = Counter()
+        super().__init__(model, eos_token_ids, max_new_tokens, rule)
 
     def new_state(self) -> DecodeState:
         return DecodeState(cache=DynamicCache(config=self.model.config))
@@ -77,7 +62,7 @@ class AREngine(StreamingEngine):
     def prime(self, state: DecodeState, prompt_ids: list[int], draft: list[int]) -> None:
         """Put the engine where it stands after drafting `draft` for `prompt_ids`
         (cache over prompt + draft minus its last token), without counting."""
-        self._crop(state, 0)
+        self.crop(state, 0)
         self.forward(state, prompt_ids + draft[:-1], phase=None)
         state.draft = list(draft)
 
@@ -89,12 +74,12 @@ class AREngine(StreamingEngine):
         sequence = prompt_ids + draft
         # Keep at least the last prompt token to feed: its logits judge draft token 0.
         reuse = min(common_prefix_length(state.cached_ids, sequence), len(prompt_ids) - 1)
-        self._crop(state, reuse)
+        self.crop(state, reuse)
         logits = self.forward(state, sequence[reuse:], verify_phase, logits_to_keep=len(draft) + 1)
         accepted = self.rule.accepted_length(logits[:-1], draft)
         answer = draft[:accepted]
-        if accepted < len(draft) or not self._finished(answer):
-            self._crop(state, len(prompt_ids) + accepted)
+        if accepted < len(draft) or not self.finished(answer):
+            self.crop(state, len(prompt_ids) + accepted)
             answer = self._regenerate(state, answer, logits[accepted], regenerate_phase)
         state.draft = answer
         return self._result(answer, draft, accepted, calls_before, start)
@@ -102,17 +87,11 @@ class AREngine(StreamingEngine):
     def _regenerate(self, state: DecodeState, answer: list[int], logits: torch.Tensor, phase: str) -> list[int]:
         """Greedy decoding from the accepted prefix; the verify pass gave the first token."""
         answer = answer + [int(logits.argmax())]
-        while not self._finished(answer):
+        while not self.finished(answer):
             logits = self.forward(state, answer[-1:], phase)[-1]
             answer.append(int(logits.argmax()))
         return answer
 
-    def _finished(self, answer: list[int]) -> bool:
-        return bool(answer) and (answer[-1] in self.eos_token_ids or len(answer) >= self.max_new_tokens)
-
     @staticmethod
-    def _crop(state: DecodeState, length: int) -> None:
-        excess = state.cache.get_seq_length() - length
-        if excess > 0:
-            state.cache.crop(-excess)
-        del state.cached_ids[length:]
+    def crop(state: DecodeState, length: int) -> None:
+        crop_cache(state.cache, state.cached_ids, length)

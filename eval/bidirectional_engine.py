@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -61,13 +60,9 @@ class BidirectionalEngine(StreamingEngine):
     ) -> None:
         if steps < 1:
             raise ValueError(f"diffusion steps must be >= 1, not {steps}")
-        self.model = model
+        super().__init__(model, eos_token_ids, max_new_tokens, rule)
         self.mask_token_id = mask_token_id
-        self.eos_token_ids = eos_token_ids
-        self.max_new_tokens = max_new_tokens
-        self.rule = rule
         self.steps = steps
-        self.forwards: Counter[str] = Counter()
 
     def new_state(self) -> BidirectionalState:
         return BidirectionalState()
@@ -91,7 +86,7 @@ class BidirectionalEngine(StreamingEngine):
             logits = self.forward(state, prompt_ids + draft, verify_phase, logits_to_keep=len(draft))
             accepted = self.rule.accepted_length(logits, draft)
         answer = draft[:accepted]
-        if not (answer and (answer[-1] in self.eos_token_ids or len(answer) >= self.max_new_tokens)):
+        if not self.finished(answer):
             answer = self.denoise(prompt_ids, answer, regenerate_phase)
         state.draft = answer
         return self._result(answer, draft, accepted, calls_before, start)

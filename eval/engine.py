@@ -12,6 +12,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from transformers import DynamicCache, PreTrainedModel
+
+from eval.acceptance import AcceptanceRule
+
 
 @dataclass
 class UpdateResult:
@@ -39,13 +43,47 @@ class StreamResult:
         return sum(step.forwards for step in self.steps[:-1])
 
 
+def common_prefix_length(a: list, b: list) -> int:
+    """Number of leading items two sequences share."""
+    length = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
+def answer_finished(answer: list[int], eos_token_ids: set[int], max_new_tokens: int) -> bool:
+    """Decoding stops at the first EOS (kept) or at the token budget."""
+    return bool(answer) and (answer[-1] in eos_token_ids or len(answer) >= max_new_tokens)
+
+
+def crop_cache(cache: DynamicCache, held: list, length: int) -> None:
+    """Cut a KV cache and the list of what it holds (token ids, or token-position
+    pairs) back to their first `length` entries."""
+    excess = cache.get_seq_length() - length
+    if excess > 0:
+        cache.crop(-excess)
+    del held[length:]
+
+
 class StreamingEngine:
     """The replay and the baseline, in terms of a subclass's `new_state` and `update`."""
 
     # A fully accepted draft that ends in EOS costs the verification pass alone.
     min_residual_forwards = 1
 
-    forwards: Counter[str]  # model calls by phase, set by each engine
+    def __init__(
+        self, model: PreTrainedModel, eos_token_ids: set[int], max_new_tokens: int, rule: AcceptanceRule
+    ) -> None:
+        self.model = model
+        self.eos_token_ids = eos_token_ids
+        self.max_new_tokens = max_new_tokens
+        self.rule = rule
+        self.forwards: Counter[str] = Counter()  # model calls by phase
+
+    def finished(self, answer: list[int]) -> bool:
+        return answer_finished(answer, self.eos_token_ids, self.max_new_tokens)
 
     def new_state(self) -> Any:
         raise NotImplementedError

@@ -15,8 +15,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from eval.acceptance import AcceptanceRule
-from eval.ar_engine import AREngine, common_prefix_length
-from eval.engine import UpdateResult
+from eval.ar_engine import AREngine
+from eval.engine import UpdateResult, answer_finished, common_prefix_length
 
 
 @torch.inference_mode()
@@ -65,7 +65,7 @@ def _greedy_batch(
         tokens = logits.argmax(-1).tolist()
         for row, token in zip(active, tokens):
             answers[row].append(token)
-        keep = [i for i, row in enumerate(active) if not _finished(answers[row], eos_token_ids, budgets[row])]
+        keep = [i for i, row in enumerate(active) if not answer_finished(answers[row], eos_token_ids, budgets[row])]
         if not keep:
             return answers
         if len(keep) < len(active):
@@ -76,10 +76,6 @@ def _greedy_batch(
         input_ids = torch.tensor([[answers[row][-1]] for row in active], device=device)
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], dim=1)
         position_ids = position_ids[:, -1:] + 1
-
-
-def _finished(answer: list[int], eos_token_ids: set[int], max_new_tokens: int) -> bool:
-    return bool(answer) and (answer[-1] in eos_token_ids or len(answer) >= max_new_tokens)
 
 
 def update_costs(drafts: list[list[int]]) -> list[int]:
@@ -109,7 +105,7 @@ def round_drafts(
         regenerate: dict[int, int] = {}
         for row in (r for r, request_prompts in enumerate(prompts) if step < len(request_prompts)):
             accepted = verified_length(model, prompts[row][step], drafts[row], rule)
-            if accepted == len(drafts[row]) and _finished(drafts[row], eos_token_ids, max_new_tokens):
+            if accepted == len(drafts[row]) and answer_finished(drafts[row], eos_token_ids, max_new_tokens):
                 forwards[row] += 1  # the verify pass alone
             else:
                 regenerate[row] = accepted

@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from eval.acceptance import AcceptanceRule
-from eval.ar_engine import common_prefix_length
-from eval.engine import StreamingEngine, UpdateResult
+from eval.engine import StreamingEngine, UpdateResult, common_prefix_length, crop_cache
 
 # A fed token and its true position id: the KV cache holds a sequence of these.
 Pair = tuple[int, int]
@@ -95,13 +93,9 @@ class RefusionEngine(StreamingEngine):
         rule: AcceptanceRule,
         settings: SlotSettings = SlotSettings(),
     ) -> None:
-        self.model = model
+        super().__init__(model, eos_token_ids, max_new_tokens, rule)
         self.mask_token_id = mask_token_id
-        self.eos_token_ids = eos_token_ids
-        self.max_new_tokens = max_new_tokens
-        self.rule = rule
         self.settings = settings
-        self.forwards: Counter[str] = Counter()
         # Block width in slots, fixed by the full buffer; a residual decode after
         # an accepted prefix uses the same width (fewer blocks).
         full_slots = math.ceil(max_new_tokens / settings.slot_size)
@@ -146,10 +140,7 @@ class RefusionEngine(StreamingEngine):
 
     @staticmethod
     def crop(state: SlotState, length: int) -> None:
-        excess = state.cache.get_seq_length() - length
-        if excess > 0:
-            state.cache.crop(-excess)
-        del state.cached[length:]
+        crop_cache(state.cache, state.cached, length)
 
     # ---------------------------------------------------------------- streaming
 
@@ -164,7 +155,7 @@ class RefusionEngine(StreamingEngine):
             logits = self.verify_draft(state, prompt_ids, draft, verify_phase)
             accepted = self.rule.accepted_length(logits, draft)
         answer = draft[:accepted]
-        if not self._finished(answer):
+        if not self.finished(answer):
             answer = answer + self.decode(state, prompt_ids, answer, regenerate_phase)
         state.draft = answer
         return self._result(answer, draft, accepted, calls_before, start)
@@ -177,9 +168,6 @@ class RefusionEngine(StreamingEngine):
         reuse = min(common_prefix_length(state.cached, sequence), len(prompt_ids) - 1)
         self.crop(state, reuse)
         return self.feed(state, sequence[reuse:], phase, keep=len(draft) + 1)[:-1]
-
-    def _finished(self, answer: list[int]) -> bool:
-        return bool(answer) and (answer[-1] in self.eos_token_ids or len(answer) >= self.max_new_tokens)
 
     # ------------------------------------------------------------ slot decoding
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eval.acceptance import AcceptanceRule
-from eval.ar_engine import common_prefix_length
+from eval.engine import common_prefix_length
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
 from eval.runner import StreamingEvaluator, eos_token_ids
@@ -81,7 +81,7 @@ def test_verifying_with_a_cropped_cache_matches_verifying_from_scratch(tiny_qwen
     engine.prime(reused, prompts[-2], draft)
     reuse = min(common_prefix_length(reused.cached_ids, prompts[-1] + draft), len(prompts[-1]) - 1)
     assert reuse > 0, "the two prompts share a prefix, so some cache must be reused"
-    engine._crop(reused, reuse)
+    engine.crop(reused, reuse)
     cropped_logits = engine.forward(reused, (prompts[-1] + draft)[reuse:], None, logits_to_keep=len(draft) + 1)
     scratch_logits = engine.forward(engine.new_state(), prompts[-1] + draft, None, logits_to_keep=len(draft) + 1)
     torch.testing.assert_close(cropped_logits, scratch_logits, atol=1e-4, rtol=0)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from eval.acceptance import AcceptanceRule
-from eval.ar_engine import common_prefix_length
+from eval.engine import common_prefix_length
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
 from eval.refusion_engine import RefusionEngine, SlotSettings
