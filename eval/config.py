@@ -22,6 +22,7 @@ class EvalConfig:
     serial_blocks: int = field(default=4, metadata={"help": "refusion: the answer buffer is split into this many blocks, decoded in turn."})
     slot_threshold: float = field(default=0.9, metadata={"help": "refusion: slots whose first-token probability exceeds this are drafted together (else the most confident one)."})
     token_threshold: float = field(default=0.9, metadata={"help": "refusion: a drafted slot token is kept when its causal probability exceeds this."})
+    draft_in_context: bool = field(default=False, metadata={"help": "refusion: the held draft also precedes the answer as context (models trained on draft-refinement rows)."})
     diffusion_steps: int = field(default=64, metadata={"help": "bidirectional: denoising steps (forwards) for a full answer buffer; a residue takes its share."})
     fast_batch_size: int = field(default=32, metadata={"help": "Fast path batch: prefixes decoded together (greedy), or requests per round (other rules)."})
     sandbox_cpu_seconds: int | None = field(default=None, metadata={"help": "CPU-time limit of each executed program; default the benchmark's own."})

@@ -48,6 +48,9 @@ class SlotSettings:
     serial_blocks: int = 4
     slot_threshold: float = 0.9
     token_threshold: float = 0.9
+    # For models trained on draft-refinement rows (train/refusion.py): the held draft
+    # D_{i-1} also sits after the prompt as context, and the answer follows it.
+    draft_in_context: bool = False
 
     def __post_init__(self) -> None:
         if self.slot_size < 1 or self.serial_blocks < 1:
@@ -150,15 +153,23 @@ class RefusionEngine(StreamingEngine):
         verify_phase, regenerate_phase = phases
         start, calls_before = time.perf_counter(), sum(self.forwards.values())
         draft = state.draft
+        context = prompt_ids + self._draft_context(draft)
         accepted = 0
         if draft:
-            logits = self.verify_draft(state, prompt_ids, draft, verify_phase)
+            logits = self.verify_draft(state, context, draft, verify_phase)
             accepted = self.rule.accepted_length(logits, draft)
         answer = draft[:accepted]
         if not self.finished(answer):
-            answer = answer + self.decode(state, prompt_ids, answer, regenerate_phase)
+            answer = answer + self.decode(state, context, answer, regenerate_phase)
         state.draft = answer
         return self._result(answer, draft, accepted, calls_before, start)
+
+    def _draft_context(self, draft: list[int]) -> list[int]:
+        """What precedes the answer besides the prompt: nothing, or (draft_in_context)
+        the draft as training saw it, text without the EOS that ended it."""
+        if not self.settings.draft_in_context:
+            return []
+        return draft[:-1] if draft and draft[-1] in self.eos_token_ids else list(draft)
 
     def verify_draft(self, state: SlotState, prompt_ids: list[int], draft: list[int], phase: str | None) -> torch.Tensor:
         """ONE forward over (S_i, D_{i-1}) reusing the cache of the common prefix;

@@ -33,7 +33,7 @@ RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "acceptance", "max_
 # add their own settings to RESULT_KEYS.
 AR_ENGINES = ("auto", "fast", "stepwise")
 DECODER_KEYS = {
-    "refusion": ("engine", "slot_size", "serial_blocks", "slot_threshold", "token_threshold"),
+    "refusion": ("engine", "slot_size", "serial_blocks", "slot_threshold", "token_threshold", "draft_in_context"),
     "bidirectional": ("engine", "diffusion_steps"),
 }
 ENGINES = AR_ENGINES + tuple(DECODER_KEYS)
@@ -146,7 +146,9 @@ def build_engine(loaded: LoadedModel, config: EvalConfig, rule: AcceptanceRule) 
     (a clear error from `mask_token_id` when the model lacks it)."""
     eos = eos_token_ids(loaded)
     if config.engine == "refusion":
-        settings = SlotSettings(config.slot_size, config.serial_blocks, config.slot_threshold, config.token_threshold)
+        settings = SlotSettings(
+            config.slot_size, config.serial_blocks, config.slot_threshold, config.token_threshold, config.draft_in_context
+        )
         return RefusionEngine(loaded.model, mask_token_id(loaded.tokenizer), eos, config.max_new_tokens, rule, settings)
     if config.engine == "bidirectional":
         return BidirectionalEngine(

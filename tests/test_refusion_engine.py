@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
 
 from eval.acceptance import AcceptanceRule
-from eval.engine import common_prefix_length
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
+from eval.engine import common_prefix_length
 from eval.refusion_engine import RefusionEngine, SlotSettings
 from eval.runner import StreamingEvaluator, load_records, run_evaluation
 from headstart.models import load_model
@@ -144,9 +145,9 @@ def toy(tiny_refusion_dir):
     return evaluator.loaded, prompts
 
 
-def toy_engine(loaded, acceptance: str = "greedy") -> RefusionEngine:
+def toy_engine(loaded, acceptance: str = "greedy", settings: SlotSettings = TOY_SETTINGS) -> RefusionEngine:
     mask = mask_token_id(loaded.tokenizer)
-    return RefusionEngine(loaded.model, mask, {TOY_EOS}, MAX_NEW_TOKENS, AcceptanceRule.parse(acceptance), TOY_SETTINGS)
+    return RefusionEngine(loaded.model, mask, {TOY_EOS}, MAX_NEW_TOKENS, AcceptanceRule.parse(acceptance), settings)
 
 
 def toy_reference(loaded) -> NaiveRefusion:
@@ -217,6 +218,33 @@ def test_a_fully_accepted_draft_costs_the_minimum_and_a_rejected_one_the_baselin
         assert result.accepted == 0
         assert result.answer == baseline.answer and result.forwards == baseline.forwards + 1
     assert ended_with_eos > 0
+
+
+def test_draft_in_context_decodes_after_the_prompt_and_the_draft(toy):
+    """The draft-refinement layout (train/refusion.py): prompt | draft without its EOS |
+    answer. Verification and infill both see the draft; an empty draft is the baseline."""
+    loaded, prompts = toy
+    refining = replace(TOY_SETTINGS, draft_in_context=True)
+    plain, reference = toy_engine(loaded), toy_reference(loaded)
+    stripped_eos = partial = 0
+    for request_prompts in prompts:
+        previous, prompt = request_prompts[-2], request_prompts[-1]
+        draft = plain.baseline(previous).answer
+        context = prompt + (draft[:-1] if draft[-1] == TOY_EOS else draft)
+        stripped_eos += draft[-1] == TOY_EOS
+        for acceptance in ("threshold:1.01", "greedy", "threshold:0.00001"):
+            engine = toy_engine(loaded, acceptance, refining)
+            state = engine.new_state()
+            state.draft = draft
+            result = engine.update(state, prompt, PHASES)
+            kept = draft[: result.accepted]
+            before = reference.forwards
+            assert result.answer == kept + reference.decode(context, kept)
+            assert result.forwards == 1 + reference.forwards - before
+            partial += 0 < result.accepted < len(draft)
+        baseline = toy_engine(loaded, settings=refining).baseline(prompt)
+        assert (baseline.answer, baseline.forwards) == (plain.baseline(prompt).answer, plain.baseline(prompt).forwards)
+    assert stripped_eos > 0 and partial > 0
 
 
 def test_verifying_with_a_reused_cache_matches_verifying_from_scratch(toy):
