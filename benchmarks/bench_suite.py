@@ -1,7 +1,7 @@
 """The six-benchmark suite on SmolLM2-135M: Table 1 (quality) and Table 2
 (cost and speedup) for `greedy` and `threshold:0.9`, per benchmark and macro.
 
-    python benchmarks/bench_suite.py                         # the full run: 20 per benchmark, 256 tokens
+    python benchmarks/bench_suite.py                         # the full run: 20 per benchmark, 128 tokens
     python benchmarks/bench_suite.py --limit 3 --max-new-tokens 32   # a reduced run
 
 Data: the real samples in ../shared/data, and the schema fixtures for CoEdIT
@@ -27,7 +27,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--limit", type=int, default=20, help="requests per benchmark")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--benchmarks", default="humaneval,mbpp,canitedit,ds1000,coedit,chat")
     parser.add_argument("--acceptances", default="greedy,threshold:0.9")
     parser.add_argument("--threads", type=int, default=2)

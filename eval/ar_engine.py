@@ -14,9 +14,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache
 
-from eval.acceptance import AcceptanceRule
 from eval.engine import StreamingEngine, UpdateResult, common_prefix_length, crop_cache
 
 
@@ -31,15 +30,6 @@ class DecodeState:
 
 class AREngine(StreamingEngine):
     """Greedy decoding with draft verification for one causal LM at batch size 1."""
-
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        eos_token_ids: set[int],
-        max_new_tokens: int,
-        rule: AcceptanceRule,
-    ) -> None:
-        super().__init__(model, eos_token_ids, max_new_tokens, rule)
 
     def new_state(self) -> DecodeState:
         return DecodeState(cache=DynamicCache(config=self.model.config))
