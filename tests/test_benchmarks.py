@@ -141,7 +141,7 @@ def test_ds1000_reports_problems_of_missing_libraries_as_skipped(shared_data_dir
 def test_coedit_streams_the_text_first_and_the_instruction_last():
     path = FIXTURES / "coedit" / "validation.jsonl"
     requests = CoEdIT(str(path)).load()
-    assert len(requests) == 12
+    assert len(requests) == 24
     for request, row in zip(requests, rows(path)):
         instruction, text = split_source(row["src"])
         assert request.text == coedit_request_text(row["src"]) == f"{text}\n\n{instruction}."
