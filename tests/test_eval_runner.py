@@ -42,6 +42,19 @@ def test_resume_refuses_results_of_other_settings(tiny_qwen3_dir, tmp_path):
         run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1, acceptance="threshold:0.9"))
 
 
+def test_resume_reads_a_setting_added_later_as_its_default(tiny_qwen3_dir, tmp_path):
+    """Results written before `system_prompt` existed were made with its default."""
+    run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1))
+    saved_path = tmp_path / "config.json"
+    saved = json.loads(saved_path.read_text())
+    del saved["system_prompt"]
+    saved_path.write_text(json.dumps(saved))
+    assert run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1))["requests"] == 1
+    saved_path.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="system_prompt: 'model' -> 'incomplete'"):
+        run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1, system_prompt="incomplete"))
+
+
 def test_threshold_run_records_streamed_answers(tiny_llama_dir, tmp_path):
     summary = run_evaluation(config_for(tiny_llama_dir, tmp_path, acceptance="threshold:0.5", limit=2))
     records = load_records(tmp_path / "results.jsonl")
