@@ -3,6 +3,7 @@
 
     python benchmarks/bench_suite.py                         # the full run: 20 per benchmark, 128 tokens
     python benchmarks/bench_suite.py --limit 3 --max-new-tokens 32   # a reduced run
+    python benchmarks/bench_suite.py --report-only           # the tables from what has finished so far
 
 Data: the real samples in ../shared/data, and the schema fixtures for CoEdIT
 and UltraChat (recipes/eval/suite_smollm2.yaml). Results are resumable: rerun
@@ -18,7 +19,7 @@ import time
 import torch
 
 from eval.config import EvalConfig
-from eval.suite import run_suite
+from eval.suite import report_finished, run_suite
 from headstart.config import load_config
 from headstart.models import load_model
 
@@ -31,6 +32,10 @@ def main() -> None:
     parser.add_argument("--benchmarks", default="humaneval,mbpp,canitedit,ds1000,coedit,chat")
     parser.add_argument("--acceptances", default="greedy,threshold:0.9")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--fast-batch-size", type=int, default=None,
+                        help="requests per drafting round under threshold rules (results land per round); default the recipe's")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rebuild the report from the results written so far (requests every rule finished)")
     parser.add_argument("--output-dir", default=None, help="default outputs/bench/suite-<limit>-<max_new_tokens>")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -39,7 +44,11 @@ def main() -> None:
     config.model, config.limit, config.max_new_tokens, config.output_dir = args.model, args.limit, args.max_new_tokens, output_dir
     config.benchmarks = args.benchmarks.split(",")
     config.acceptances = args.acceptances.split(",")
+    config.fast_batch_size = args.fast_batch_size or config.fast_batch_size
     config.data_paths = {k: v for k, v in config.data_paths.items() if k in config.benchmarks}
+    if args.report_only:
+        report_finished(config)
+        return
     start = time.perf_counter()
     run_suite(config, load_model(args.model))
     print(f"suite: {time.perf_counter() - start:.0f}s, limit={args.limit}, max_new_tokens={args.max_new_tokens}")

@@ -7,13 +7,15 @@ import sys
 
 from eval.config import EvalConfig
 from eval.runner import run_evaluation
-from eval.suite import run_suite
+from eval.suite import report_finished, run_suite
 from headstart.config import run_cli
 
 
 def evaluate(config: EvalConfig) -> None:
     """A suite when the recipe lists several benchmarks or rules, else one evaluation."""
-    if config.benchmarks or config.acceptances:
+    if config.report_only:
+        report_finished(config)
+    elif config.benchmarks or config.acceptances:
         run_suite(config)
     else:
         run_evaluation(config)

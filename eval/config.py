@@ -31,4 +31,5 @@ class EvalConfig:
     benchmarks: list[str] = field(default_factory=list, metadata={"help": "Suite: benchmarks run in turn into one report (empty: just `benchmark`)."})
     data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Suite: local data per benchmark name (the suite's `data_path`s)."})
     acceptances: list[str] = field(default_factory=list, metadata={"help": "Suite: acceptance rules run in turn (empty: just `acceptance`)."})
+    report_only: bool = field(default=False, metadata={"help": "Suite: rebuild the report from the results already written (requests every rule has finished); compute nothing."})
     output_dir: str | None = field(default=None, metadata={"help": "Where results.jsonl and summary.json go; default outputs/eval/<benchmark>-<model>-<acceptance>."})

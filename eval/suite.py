@@ -11,10 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from eval.benchmarks import QUALITY_METRIC
+from eval.benchmarks import QUALITY_METRIC, get_benchmark
 from eval.config import EvalConfig
+from eval.metrics import summarize
 from eval.report import macro_average, suite_report
-from eval.runner import run_evaluation
+from eval.runner import load_records, run_evaluation
 from headstart.models import LoadedModel, load_model
 
 
@@ -36,12 +37,43 @@ def run_suite(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str
     for rule in config.acceptances or [config.acceptance]:
         by_rule[rule] = {}
         for name in names:
-            single = replace(config, benchmark=name, acceptance=rule, data_path=config.data_paths.get(name),
-                             benchmarks=[], acceptances=[], data_paths={},
-                             output_dir=str(output_dir / name / rule.replace(":", "")))
-            by_rule[rule][name] = run_evaluation(single, loaded)
+            by_rule[rule][name] = run_evaluation(_single(config, name, rule, output_dir), loaded)
     write_suite_report(output_dir, by_rule, config)
     return by_rule
+
+
+def report_finished(config: EvalConfig) -> dict[str, dict[str, dict[str, Any]]]:
+    """The suite report from the results already written, loading no model: per
+    benchmark, the first `limit` requests that every rule has finished, so that the
+    rules compare on the same requests (a long run can be reported while it goes on)."""
+    names, rules = config.benchmarks or [config.benchmark], config.acceptances or [config.acceptance]
+    output_dir = suite_output_dir(config)
+    by_rule: dict[str, dict[str, dict[str, Any]]] = {rule: {} for rule in rules}
+    for name in names:
+        requests = get_benchmark(name, config.data_paths.get(name), config.sandbox_cpu_seconds).load(config.limit)
+        finished = {rule: _records_by_id(Path(_single(config, name, rule, output_dir).output_dir)) for rule in rules}
+        common = [r.request_id for r in requests if all(r.request_id in records for records in finished.values())]
+        if not common:
+            print(f"{name}: no request finished under every rule; left out")
+            continue
+        for rule in rules:
+            summary = summarize([finished[rule][request_id] for request_id in common])
+            by_rule[rule][name] = summary | {"benchmark": name, "model": config.model, "acceptance": rule}
+    if not any(by_rule.values()):
+        raise FileNotFoundError(f"no request has finished under every rule in {output_dir}")
+    write_suite_report(output_dir, by_rule, config)
+    return by_rule
+
+
+def _single(config: EvalConfig, name: str, rule: str, output_dir: Path) -> EvalConfig:
+    """The suite's run of one benchmark under one rule, in its own directory."""
+    return replace(config, benchmark=name, acceptance=rule, data_path=config.data_paths.get(name),
+                   benchmarks=[], acceptances=[], data_paths={}, report_only=False,
+                   output_dir=str(output_dir / name / rule.replace(":", "")))
+
+
+def _records_by_id(output_dir: Path) -> dict[str, dict[str, Any]]:
+    return {record["request_id"]: record for record in load_records(output_dir / "results.jsonl")}
 
 
 def write_suite_report(output_dir: Path, by_rule: dict[str, dict[str, dict[str, Any]]], config: EvalConfig) -> None:

@@ -4,6 +4,7 @@ and the suite run end to end on a tiny model."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -11,7 +12,8 @@ from eval.config import EvalConfig
 from eval.extract import ds1000_postprocess, extract_text
 from eval.metrics import normalize_text, summarize, token_f1
 from eval.report import macro_average, quality_table, suite_report
-from eval.suite import run_suite
+from eval.runner import load_records
+from eval.suite import report_finished, run_suite
 from headstart.config import load_config
 
 
@@ -77,6 +79,28 @@ def test_the_suite_runs_every_benchmark_and_writes_one_report(tiny_qwen3_dir, tm
     lines = (tmp_path / "chat" / "greedy" / "results.jsonl").read_text()
     run_suite(config)
     assert (tmp_path / "chat" / "greedy" / "results.jsonl").read_text() == lines
+
+
+def test_the_report_of_a_suite_in_progress_compares_rules_on_the_same_requests(tiny_qwen3_dir, tmp_path):
+    config = load_config(EvalConfig, ["recipe=suite_smollm2", f"model={tiny_qwen3_dir}", "limit=2", "max_new_tokens=4",
+                                      f"output_dir={tmp_path}"])
+    config = replace(config, benchmarks=["coedit", "chat"],
+                     data_paths={k: v for k, v in config.data_paths.items() if k in ("coedit", "chat")})
+    run_suite(config)
+    # The threshold run of CoEdIT is cut short after its first request.
+    cut = tmp_path / "coedit" / "threshold0.9" / "results.jsonl"
+    first = load_records(cut)[0]
+    cut.write_text(json.dumps(first) + "\n")
+    by_rule = report_finished(config)
+    greedy_first = next(r for r in load_records(tmp_path / "coedit" / "greedy" / "results.jsonl")
+                        if r["request_id"] == first["request_id"])
+    assert by_rule["threshold:0.9"]["coedit"] == summarize([first]) | {"benchmark": "coedit", "model": str(tiny_qwen3_dir), "acceptance": "threshold:0.9"}
+    assert by_rule["greedy"]["coedit"]["requests"] == 1
+    assert by_rule["greedy"]["coedit"]["speedup_forwards_median"] == summarize([greedy_first])["speedup_forwards_median"]
+    assert by_rule["greedy"]["chat"]["requests"] == by_rule["threshold:0.9"]["chat"]["requests"] == 2
+    assert "| coedit | token F1 | 1 |" in (tmp_path / "report.md").read_text()
+    with pytest.raises(FileNotFoundError, match="no request has finished"):
+        report_finished(replace(config, output_dir=str(tmp_path / "empty")))
 
 
 def test_suite_rejects_data_paths_of_benchmarks_it_does_not_run(tmp_path):
