@@ -1,0 +1,66 @@
+"""Why a `greedy` streamed answer differs from its baseline: for every record of a
+results directory whose answers are not identical, the first token where they part,
+and the gap between the two candidates' logits in a one-pass forward over the prompt
+and the baseline answer.
+
+    python benchmarks/greedy_divergence.py outputs/bench/suite-20-128/coedit/greedy
+
+The greedy rule is lossless in exact arithmetic. In floating point, the verify pass
+(many positions in one forward) and the baseline (one token per forward) sum in
+different orders; where the top two logits are within rounding of each other, the
+two paths can pick different tokens. A gap near 1e-5 (fp32) is such a tie; a large
+gap would be a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from eval.benchmarks import get_benchmark
+from eval.config import EvalConfig
+from eval.engine import common_prefix_length
+from eval.runner import StreamingEvaluator, load_records
+from headstart.models import load_model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results_dir", type=Path)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    settings = json.loads((args.results_dir / "config.json").read_text())
+    config = EvalConfig(**settings)
+    differing = [r for r in load_records(args.results_dir / "results.jsonl") if not r["identical"]]
+    print(f"{len(differing)} record(s) whose streamed answer differs from the baseline")
+    if not differing:
+        return
+    loaded = load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
+    evaluator = StreamingEvaluator(loaded, config)
+    requests = {r.request_id: r for r in get_benchmark(config.benchmark, config.data_path).load()}
+    for record in differing:
+        report_divergence(evaluator, requests[record["request_id"]], record)
+
+
+@torch.inference_mode()
+def report_divergence(evaluator: StreamingEvaluator, request, record: dict) -> None:
+    tokenizer, model = evaluator.loaded.tokenizer, evaluator.loaded.model
+    prompt = evaluator.prompts(request)[-1]
+    base = tokenizer(record["base_answer"], add_special_tokens=False)["input_ids"]
+    stream = tokenizer(record["stream_answer"], add_special_tokens=False)["input_ids"]
+    index = common_prefix_length(base, stream)
+    if index >= min(len(base), len(stream)):
+        print(f"{record['request_id']}: one answer is a prefix of the other (length {index})")
+        return
+    logits = model(torch.tensor([prompt + base[:index]], device=model.device)).logits[0, -1].float()
+    gap = (logits[base[index]] - logits[stream[index]]).item()
+    print(f"{record['request_id']}: token {index}: baseline {tokenizer.decode([base[index]])!r}, "
+          f"stream {tokenizer.decode([stream[index]])!r}, one-pass logit gap (baseline - stream) {gap:+.2e}")
+
+
+if __name__ == "__main__":
+    main()
