@@ -253,10 +253,9 @@ def _check_resumable(output_dir: Path, config: EvalConfig) -> None:
     keys = RESULT_KEYS + DECODER_KEYS.get(config.engine, ())
     current = {k: v for k, v in config_to_dict(config).items() if k in keys}
     if saved_path.exists():
-        saved = json.loads(saved_path.read_text())
         # A setting added after these results were written had its default then.
-        defaults = {f.name: f.default for f in fields(EvalConfig)}
-        changed = {k: (saved.get(k, defaults[k]), v) for k, v in current.items() if saved.get(k, defaults[k]) != v}
+        saved = {f.name: f.default for f in fields(EvalConfig)} | json.loads(saved_path.read_text())
+        changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
         if changed:
             detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
             raise ValueError(f"{output_dir} holds results of other settings ({detail}); choose another output_dir")

@@ -51,7 +51,7 @@ def report_finished(config: EvalConfig) -> dict[str, dict[str, dict[str, Any]]]:
     by_rule: dict[str, dict[str, dict[str, Any]]] = {rule: {} for rule in rules}
     for name in names:
         requests = get_benchmark(name, config.data_paths.get(name), config.sandbox_cpu_seconds).load(config.limit)
-        finished = {rule: _records_by_id(Path(_single(config, name, rule, output_dir).output_dir)) for rule in rules}
+        finished = {rule: _records_by_id(_run_dir(output_dir, name, rule)) for rule in rules}
         common = [r.request_id for r in requests if all(r.request_id in records for records in finished.values())]
         if not common:
             print(f"{name}: no request finished under every rule; left out")
@@ -69,7 +69,11 @@ def _single(config: EvalConfig, name: str, rule: str, output_dir: Path) -> EvalC
     """The suite's run of one benchmark under one rule, in its own directory."""
     return replace(config, benchmark=name, acceptance=rule, data_path=config.data_paths.get(name),
                    benchmarks=[], acceptances=[], data_paths={}, report_only=False,
-                   output_dir=str(output_dir / name / rule.replace(":", "")))
+                   output_dir=str(_run_dir(output_dir, name, rule)))
+
+
+def _run_dir(output_dir: Path, name: str, rule: str) -> Path:
+    return output_dir / name / rule.replace(":", "")
 
 
 def _records_by_id(output_dir: Path) -> dict[str, dict[str, Any]]:
