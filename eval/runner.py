@@ -210,12 +210,17 @@ def run_evaluation(config: EvalConfig, loaded: LoadedModel | None = None) -> dic
         progress.close()
     wanted = {r.request_id for r in requests}
     summary = summarize([r for r in records if r["request_id"] in wanted])
-    summary |= {"benchmark": config.benchmark, "model": config.model, "adapter": config.adapter, "acceptance": config.acceptance}
+    summary |= summary_labels(config)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     table = markdown_table({config.benchmark: summary})
     (output_dir / "report.md").write_text(f"# Streaming evaluation ({config.acceptance})\n\n{table}\n")
     print(f"\n{table}\n\nresults: {results_path}")
     return summary
+
+
+def summary_labels(config: EvalConfig) -> dict[str, Any]:
+    """What a summary was measured on: benchmark, model, adapter and acceptance rule."""
+    return {"benchmark": config.benchmark, "model": config.model, "adapter": config.adapter, "acceptance": config.acceptance}
 
 
 def _scores(benchmark, request: Request, record: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from eval.benchmarks import QUALITY_METRIC, get_benchmark
 from eval.config import EvalConfig
 from eval.metrics import summarize
 from eval.report import macro_average, suite_report
-from eval.runner import load_records, run_evaluation
+from eval.runner import load_records, run_evaluation, summary_labels
 from headstart.models import LoadedModel, load_model
 
 
@@ -58,7 +58,7 @@ def report_finished(config: EvalConfig) -> dict[str, dict[str, dict[str, Any]]]:
             continue
         for rule in rules:
             summary = summarize([finished[rule][request_id] for request_id in common])
-            by_rule[rule][name] = summary | {"benchmark": name, "model": config.model, "acceptance": rule}
+            by_rule[rule][name] = summary | summary_labels(_single(config, name, rule, output_dir))
     if not any(by_rule.values()):
         raise FileNotFoundError(f"no request has finished under every rule in {output_dir}")
     write_suite_report(output_dir, by_rule, config)
