@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from eval.benchmarks import get_benchmark
+from eval.benchmarks import Request, get_benchmark
 from eval.config import EvalConfig
 from eval.engine import common_prefix_length
 from eval.runner import StreamingEvaluator, load_records
@@ -47,7 +47,7 @@ def main() -> None:
 
 
 @torch.inference_mode()
-def report_divergence(evaluator: StreamingEvaluator, request, record: dict) -> None:
+def report_divergence(evaluator: StreamingEvaluator, request: Request, record: dict) -> None:
     tokenizer, model = evaluator.loaded.tokenizer, evaluator.loaded.model
     prompt = evaluator.prompts(request)[-1]
     base = tokenizer(record["base_answer"], add_special_tokens=False)["input_ids"]

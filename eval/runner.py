@@ -260,7 +260,7 @@ def _check_resumable(output_dir: Path, config: EvalConfig) -> None:
     if saved_path.exists():
         # A setting added after these results were written had its default then.
         saved = {f.name: f.default for f in fields(EvalConfig)} | json.loads(saved_path.read_text())
-        changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+        changed = {k: (saved[k], v) for k, v in current.items() if saved[k] != v}
         if changed:
             detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
             raise ValueError(f"{output_dir} holds results of other settings ({detail}); choose another output_dir")

@@ -27,14 +27,14 @@ def suite_output_dir(config: EvalConfig) -> Path:
 
 def run_suite(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     """Evaluate every benchmark under every rule; writes summary.json and report.md."""
-    names = config.benchmarks or [config.benchmark]
+    names, rules = _benchmarks_and_rules(config)
     unknown = set(config.data_paths) - set(names)
     if unknown:
         raise ValueError(f"data_paths names benchmarks not in the suite: {', '.join(sorted(unknown))}")
     output_dir = suite_output_dir(config)
     loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
     by_rule: dict[str, dict[str, dict[str, Any]]] = {}
-    for rule in config.acceptances or [config.acceptance]:
+    for rule in rules:
         by_rule[rule] = {}
         for name in names:
             by_rule[rule][name] = run_evaluation(_single(config, name, rule, output_dir), loaded)
@@ -46,7 +46,7 @@ def report_finished(config: EvalConfig) -> dict[str, dict[str, dict[str, Any]]]:
     """The suite report from the results already written, loading no model: per
     benchmark, the first `limit` requests that every rule has finished, so that the
     rules compare on the same requests (a long run can be reported while it goes on)."""
-    names, rules = config.benchmarks or [config.benchmark], config.acceptances or [config.acceptance]
+    names, rules = _benchmarks_and_rules(config)
     output_dir = suite_output_dir(config)
     by_rule: dict[str, dict[str, dict[str, Any]]] = {rule: {} for rule in rules}
     for name in names:
@@ -63,6 +63,11 @@ def report_finished(config: EvalConfig) -> dict[str, dict[str, dict[str, Any]]]:
         raise FileNotFoundError(f"no request has finished under every rule in {output_dir}")
     write_suite_report(output_dir, by_rule, config)
     return by_rule
+
+
+def _benchmarks_and_rules(config: EvalConfig) -> tuple[list[str], list[str]]:
+    """The suite's benchmarks and rules; a lone benchmark or rule when a list is empty."""
+    return config.benchmarks or [config.benchmark], config.acceptances or [config.acceptance]
 
 
 def _single(config: EvalConfig, name: str, rule: str, output_dir: Path) -> EvalConfig:
