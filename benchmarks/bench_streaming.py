@@ -22,7 +22,7 @@ import torch
 
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
-from eval.report import markdown_table
+from eval.reporting.tables import markdown_table
 from eval.runner import StreamingEvaluator, run_evaluation
 from headstart.models import load_model
 

@@ -22,7 +22,7 @@ import torch
 
 from eval.benchmarks import Request, get_benchmark
 from eval.config import EvalConfig
-from eval.engine import common_prefix_length
+from eval.engines.base import common_prefix_length
 from eval.runner import StreamingEvaluator, load_records
 from headstart.models import load_model
 

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from eval.config import EvalConfig
-from eval.plots import acceptance_bars, speedup_histogram
-from eval.report import macro_average, markdown_rows, markdown_table
+from eval.reporting.plots import acceptance_bars, speedup_histogram
+from eval.reporting.tables import macro_average, markdown_rows, markdown_table
 from eval.runner import load_records, run_evaluation
-from eval.wandb_report import log_side
+from eval.reporting.wandb_report import log_side
 from headstart.config import config_to_dict, dump_config, run_cli
 
 

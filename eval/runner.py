@@ -12,16 +12,16 @@ from typing import Any
 
 from tqdm import tqdm
 
-from eval.acceptance import AcceptanceRule
-from eval.ar_engine import AREngine
-from eval.bidirectional_engine import BidirectionalEngine
+from eval.engines.acceptance import AcceptanceRule
+from eval.engines.ar import AREngine
+from eval.engines.bidirectional import BidirectionalEngine
 from eval.benchmarks import Request, get_benchmark
 from eval.config import EvalConfig
-from eval.engine import StreamingEngine
-from eval.fast_path import batched_greedy, final_update, round_drafts, update_costs
-from eval.metrics import running_medians, summarize
-from eval.refusion_engine import RefusionEngine, SlotSettings
-from eval.report import markdown_table
+from eval.engines.base import StreamingEngine
+from eval.engines.fast_path import batched_greedy, final_update, round_drafts, update_costs
+from eval.reporting.metrics import running_medians, summarize
+from eval.engines.refusion import RefusionEngine, SlotSettings
+from eval.reporting.tables import markdown_table
 from headstart.config import config_to_dict, dump_config
 from headstart.models import LoadedModel, load_model
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, build_messages, encode_prompt

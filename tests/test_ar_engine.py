@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eval.acceptance import AcceptanceRule
-from eval.engine import common_prefix_length
+from eval.engines.acceptance import AcceptanceRule
+from eval.engines.base import common_prefix_length
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
 from eval.runner import StreamingEvaluator, eos_token_ids

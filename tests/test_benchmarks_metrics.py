@@ -10,8 +10,8 @@ import pytest
 
 from eval.config import EvalConfig
 from eval.extract import ds1000_postprocess, extract_text
-from eval.metrics import normalize_text, summarize, token_f1
-from eval.report import macro_average, quality_table, suite_report
+from eval.reporting.metrics import normalize_text, summarize, token_f1
+from eval.reporting.tables import macro_average, quality_table, suite_report
 from eval.runner import load_records
 from eval.suite import report_finished, run_suite
 from headstart.config import load_config

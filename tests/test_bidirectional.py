@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from eval.acceptance import AcceptanceRule
+from eval.engines.acceptance import AcceptanceRule
 from eval.benchmarks import get_benchmark
-from eval.bidirectional_engine import BidirectionalEngine, bidirectional_logits
+from eval.engines.bidirectional import BidirectionalEngine, bidirectional_logits
 from eval.config import EvalConfig
 from eval.runner import StreamingEvaluator
 from eval.verifier_check import VerifierCheckConfig, check, main

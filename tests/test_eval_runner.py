@@ -9,7 +9,7 @@ import pytest
 from eval.__main__ import main
 from eval.config import EvalConfig
 from eval.extract import extract_code
-from eval.metrics import summarize
+from eval.reporting.metrics import summarize
 from eval.runner import load_records, run_evaluation
 from headstart.config import RECIPES_DIR, RecipeError, load_config
 

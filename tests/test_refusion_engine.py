@@ -11,11 +11,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from eval.acceptance import AcceptanceRule
+from eval.engines.acceptance import AcceptanceRule
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
-from eval.engine import common_prefix_length
-from eval.refusion_engine import RefusionEngine, SlotSettings
+from eval.engines.base import common_prefix_length
+from eval.engines.refusion import RefusionEngine, SlotSettings
 from eval.runner import StreamingEvaluator, load_records, run_evaluation
 from headstart.models import load_model
 from headstart.refusion import mask_token_id

@@ -12,7 +12,7 @@ from typing import Any
 
 from eval.benchmarks.base import Request, Score, streamable
 from eval.benchmarks.sources import read_rows, require_fields
-from eval.metrics import token_f1
+from eval.reporting.metrics import token_f1
 from headstart.segment import segment_request
 
 ULTRACHAT_HUB, ULTRACHAT_SPLIT = "HuggingFaceH4/ultrachat_200k", "test_sft"

@@ -8,7 +8,7 @@ from typing import Any
 from eval.benchmarks.base import Request, Score, streamable
 from eval.benchmarks.sources import read_rows, require_fields
 from eval.extract import extract_text
-from eval.metrics import token_f1
+from eval.reporting.metrics import token_f1
 from headstart.segment import segment_text
 
 HUB_ID, SPLIT = "grammarly/coedit", "validation"

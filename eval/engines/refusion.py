@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from eval.acceptance import AcceptanceRule
-from eval.engine import StreamingEngine, UpdateResult, common_prefix_length, crop_cache
+from eval.engines.acceptance import AcceptanceRule
+from eval.engines.base import StreamingEngine, UpdateResult, common_prefix_length, crop_cache
 
 # A fed token and its true position id: the KV cache holds a sequence of these.
 Pair = tuple[int, int]

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from eval.acceptance import AcceptanceRule
-from eval.engine import StreamingEngine, UpdateResult
+from eval.engines.acceptance import AcceptanceRule
+from eval.engines.base import StreamingEngine, UpdateResult
 
 
 def full_attention_mask(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from eval.acceptance import AcceptanceRule
-from eval.ar_engine import AREngine
-from eval.engine import UpdateResult, answer_finished, common_prefix_length
+from eval.engines.acceptance import AcceptanceRule
+from eval.engines.ar import AREngine
+from eval.engines.base import UpdateResult, answer_finished, common_prefix_length
 
 
 @torch.inference_mode()

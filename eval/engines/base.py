@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import DynamicCache, PreTrainedModel
 
-from eval.acceptance import AcceptanceRule
+from eval.engines.acceptance import AcceptanceRule
 
 
 @dataclass

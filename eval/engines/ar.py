@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from eval.engine import StreamingEngine, UpdateResult, common_prefix_length, crop_cache
+from eval.engines.base import StreamingEngine, UpdateResult, common_prefix_length, crop_cache
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Reporting: per-request records -> summaries, Markdown tables, plots and W&B runs."""
