@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from headstart.models import resolve_model_dir  # noqa: E402
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM  # noqa: E402
-from headstart.segment import segment_text  # noqa: E402
+from headstart.segment import segment_request  # noqa: E402
 
 MAGICODER = REPO.parent / "shared" / "data" / "code_sft" / "magicoder_oss_instruct_75k_sample500.jsonl"
 
@@ -44,7 +44,7 @@ def dialogues(n: int) -> list[list[dict[str, str]]]:
         pairs = [(p["prompt"], p["canonical_solution"]) for p in list(read_problems().values())[:n]]
     out = []
     for request, answer in pairs:
-        segments = segment_text(request)
+        segments = segment_request(request)
         prefix = "".join(segments[: max(1, len(segments) // 2)])
         out.append(
             [

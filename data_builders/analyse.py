@@ -12,8 +12,9 @@ from data_builders.decontamination import DecontaminationIndex, normalise, stabl
 from headstart.segment import segment_request
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, build_messages, render_prompt
 
-# Bump when analyse_batch's columns change: it is part of the resume key of pass 2.
-VERSION = 3
+# Bump when analyse_batch's columns change, the segmentation included (4: fenced
+# blocks whole, MBPP asserts bare): it is part of the resume key of pass 2.
+VERSION = 4
 
 # contamination codes stored per request
 CLEAN, EXACT, NGRAM = 0, 1, 2

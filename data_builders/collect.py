@@ -33,6 +33,10 @@ SCHEMA = pa.schema(
     ]
 )
 BATCH_ROWS = 4096
+# Bump when an adapter's output changes: part of the resume key of pass 1, which
+# stores rendered requests (MBPP's text and segments come from headstart.segment).
+# 2: MBPP asserts bare, no fence.
+VERSION = 2
 
 
 def source_spec(config: BuildConfig, name: str) -> SourceSpec:
@@ -43,7 +47,7 @@ def source_spec(config: BuildConfig, name: str) -> SourceSpec:
 
 def collect_key(config: BuildConfig) -> str:
     """Identity of pass 1: source locations (with file size and mtime) and the row filters."""
-    parts = []
+    parts: list = [VERSION]
     for name in config.sources:
         spec = source_spec(config, name)
         where = file_stamp(resolve(spec.path)) if spec.path and resolve(spec.path).is_file() else str(spec)

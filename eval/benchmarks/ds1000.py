@@ -8,7 +8,6 @@ some reference solutions, so report the versions with the numbers."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, streamable
@@ -16,7 +15,7 @@ from eval.benchmarks.imports import missing_modules, skipped_detail
 from eval.benchmarks.sources import read_rows, require_fields
 from eval.extract import ds1000_postprocess
 from eval.sandbox import SandboxLimits, run_tests
-from headstart.segment import segment_code, segment_text
+from headstart.segment import segment_ds1000
 
 HUB_ID, SPLIT = "xlang-ai/DS-1000", "test"
 FIELDS = ("prompt", "code_context", "metadata")
@@ -27,34 +26,6 @@ LIBRARY_MODULES = {
     "Pandas": "pandas", "Numpy": "numpy", "Matplotlib": "matplotlib", "Sklearn": "sklearn",
     "Scipy": "scipy", "Pytorch": "torch", "Tensorflow": "tensorflow",
 }
-_CODE_BLOCK = re.compile(r"<code>\n(.*?)</code>\n?", re.DOTALL)
-
-
-def ds1000_segments(prompt: str) -> list[str]:
-    """Prose by sentence and line, each `<code>` block by `segment_code` (whole
-    lines, never inside a string literal); tags travel with the code they enclose."""
-    pieces: list[str] = []
-    position = 0
-    for block in _CODE_BLOCK.finditer(prompt):
-        pieces += segment_text(prompt[position : block.start()])
-        code = segment_code(block.group(1)) or [""]
-        code[0] = prompt[block.start() : block.start(1)] + code[0]
-        code[-1] += prompt[block.end(1) : block.end()]
-        pieces += code
-        position = block.end()
-    pieces += segment_text(prompt[position:])
-    return _merge_blank(pieces)
-
-
-def _merge_blank(pieces: list[str]) -> list[str]:
-    """Whitespace-only pieces join the segment before them (or the first one)."""
-    segments: list[str] = []
-    for piece in pieces:
-        if segments and (not piece.strip() or not segments[-1].strip()):
-            segments[-1] += piece
-        elif piece:
-            segments.append(piece)
-    return segments
 
 
 def test_program(code_context: str, code: str) -> str:
@@ -64,7 +35,7 @@ def test_program(code_context: str, code: str) -> str:
 
 
 class DS1000:
-    """The official prompt, streamed by sentence and code line; official execution."""
+    """The official prompt, streamed by sentence and line, each `<code>` block whole; official execution."""
 
     name = "ds1000"
 
@@ -83,7 +54,7 @@ class DS1000:
         meta = row["metadata"]
         reference = {"code_context": row["code_context"], "library": meta["library"],
                      "reference_code": row.get("reference_code", "")}
-        return Request(f"ds1000/{meta['problem_id']}", ds1000_segments(row["prompt"]), reference=reference)
+        return Request(f"ds1000/{meta['problem_id']}", segment_ds1000(row["prompt"]), reference=reference)
 
     def missing_modules(self, request: Request) -> list[str]:
         """The problem's library and every module its test program imports."""

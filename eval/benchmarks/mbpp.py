@@ -14,6 +14,8 @@ from headstart.segment import segment_mbpp
 HUB_ID, HUB_CONFIG, SPLIT = "google-research-datasets/mbpp", "full", "test"
 TEST_IDS = range(11, 511)
 FIELDS = ("task_id", "test_list")
+
+
 def entry_point(tests: list[str]) -> str | None:
     """The function the asserts call first (`assert name(`)."""
     match = re.search(r"assert\s+\(?\s*([A-Za-z_]\w*)\s*\(", tests[0]) if tests else None
