@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from eval.config import EvalConfig
+from eval.engines.decode import DecodeSpec
 from eval.reporting.plots import acceptance_bars, speedup_histogram
 from eval.reporting.tables import macro_average, markdown_rows, markdown_table
-from eval.runner import load_records, run_evaluation
+from eval.runner import decode_label, load_records, run_evaluation
 from eval.reporting.wandb_report import log_side
 from headstart.config import config_to_dict, dump_config, run_cli
 
@@ -34,8 +35,7 @@ class BeforeAfterConfig:
     benchmarks: list[str] = field(default_factory=lambda: ["humaneval"], metadata={"help": "Benchmarks to run on both sides."})
     data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark name, e.g. {mbpp: path}."})
     limit: int | None = field(default=10, metadata={"help": "Requests per benchmark (first N with n >= 2)."})
-    acceptance: str = field(default="greedy", metadata={"help": "Acceptance rule for both sides."})
-    max_new_tokens: int = field(default=256, metadata={"help": "Answer length cap for both sides."})
+    decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decode settings of both sides (eval.engines.decode)."})
     system_prompt: str = field(default="incomplete", metadata={"help": "System message for both sides: 'incomplete', 'model' or text."})
     output_dir: str = field(default="outputs/before_after/smollm2", metadata={"help": "Report, figures, per-side results."})
     wandb_project: str | None = field(default=None, metadata={"help": "W&B project; unset = offline run under output_dir."})
@@ -51,8 +51,7 @@ def side_config(config: BeforeAfterConfig, side: str, benchmark: str) -> EvalCon
         benchmark=benchmark,
         data_path=config.data_paths.get(benchmark),
         limit=config.limit,
-        acceptance=config.acceptance,
-        max_new_tokens=config.max_new_tokens,
+        decode=config.decode,
         system_prompt=config.system_prompt,
         device=config.device,
         dtype=config.dtype,
@@ -114,7 +113,7 @@ def report_tables(summaries: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
 def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], output_dir: Path) -> None:
     tables = report_tables(summaries)
     markdown = [f"# Before/after streaming report\n\nbase `{config.model}` → adapted `{config.adapted}`, "
-                f"acceptance `{config.acceptance}`, max_new_tokens {config.max_new_tokens}, limit {config.limit}\n"]
+                f"{decode_label(config.decode)}, max_new_tokens {config.decode.max_new_tokens}, limit {config.limit}\n"]
     for title, (header, rows) in tables.items():
         markdown += [f"## {title}\n", markdown_rows(header, rows), ""]
     for side in ("before", "after"):

@@ -12,15 +12,15 @@ from typing import Any
 
 from tqdm import tqdm
 
-from eval.engines.acceptance import AcceptanceRule
-from eval.engines.ar import AREngine
-from eval.engines.bidirectional import BidirectionalEngine
 from eval.benchmarks import Request, get_benchmark
 from eval.config import EvalConfig
-from eval.engines.base import StreamingEngine
-from eval.engines.fast_path import batched_greedy, final_update, round_drafts, update_costs
+from eval.engines.ar import AREngine
+from eval.engines.base import StreamingEngine, UpdateResult
+from eval.engines.bidirectional import BidirectionalEngine
+from eval.engines.decode import AR_ENGINES, DIFFUSION_ENGINES, DecodeSpec
+from eval.engines.fast_path import Drafting, batched_greedy, final_update, greedy_drafting, round_drafts
+from eval.engines.refusion import RefusionEngine
 from eval.reporting.metrics import running_medians, summarize
-from eval.engines.refusion import RefusionEngine, SlotSettings
 from eval.reporting.tables import markdown_table
 from headstart.config import config_to_dict, dump_config
 from headstart.models import LoadedModel, load_model
@@ -28,16 +28,11 @@ from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, build_messages, encode_
 from headstart.refusion import mask_token_id
 from headstart.segment import prefixes
 
-# Settings that change the numbers: a resumed run must match on all of them.
-RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "acceptance", "max_new_tokens", "system_prompt", "dtype")
-# The AR engines (auto, fast, stepwise) give identical numbers; the diffusion decoders
-# add their own settings to RESULT_KEYS.
-AR_ENGINES = ("auto", "fast", "stepwise")
-DECODER_KEYS = {
-    "refusion": ("engine", "slot_size", "serial_blocks", "slot_threshold", "token_threshold", "draft_in_context"),
-    "bidirectional": ("engine", "diffusion_steps"),
-}
-ENGINES = AR_ENGINES + tuple(DECODER_KEYS)
+# Settings that change the numbers, beside the decode settings' own (DecodeSpec.result_keys):
+# a resumed run must match on all of them.
+RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "system_prompt", "dtype")
+# What results written before a setting existed were made with, where that differs from its default.
+LEGACY_SETTINGS = {"regenerate": "plain"}
 
 
 class StreamingEvaluator:
@@ -46,12 +41,10 @@ class StreamingEvaluator:
     def __init__(self, loaded: LoadedModel, config: EvalConfig) -> None:
         self.loaded = loaded
         self.config = config
-        self.rule = AcceptanceRule.parse(config.acceptance)
-        if config.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {config.engine!r}")
+        self.decode = config.decode
         # The fast path batches AR drafting across requests: AR decoding only.
-        self.fast = config.engine in ("fast", "auto")
-        self.engine = build_engine(loaded, config, self.rule)
+        self.fast = self.decode.fast
+        self.engine = build_engine(loaded, self.decode)
         self.system = system_message(config.system_prompt)
 
     def prompts(self, request: Request) -> list[list[int]]:
@@ -77,30 +70,29 @@ class StreamingEvaluator:
             return [self._evaluate_stepwise(request) for request in requests]
         prompts = [self.prompts(request) for request in requests]
         records = []
-        for request, request_prompts, (last_draft, drafting_forwards) in zip(requests, prompts, self._drafts(prompts)):
-            final = final_update(self.engine, request_prompts, last_draft)
-            baseline = self.engine.baseline(request_prompts[-1])
-            records.append(self._record(request, baseline, final, drafting_forwards))
+        for request, request_prompts, drafting in zip(requests, prompts, self._drafts(prompts)):
+            final = final_update(self.engine, request_prompts, drafting)
+            records.append(self._record(request, *self._baselines(request_prompts[-1]), final, drafting.forwards))
         return records
 
-    def _drafts(self, prompts: list[list[list[int]]]) -> list[tuple[list[int], int]]:
-        """Each request's last draft D_{n-1} and its drafting forwards, batched across requests."""
+    def _drafts(self, prompts: list[list[list[int]]]) -> list[Drafting]:
+        """Each request's drafts D_1..D_{n-1} and their forwards, batched across requests."""
         model, pad, eos = self.loaded.model, self.loaded.tokenizer.pad_token_id, self.engine.eos_token_ids
-        max_new_tokens, batch_size = self.config.max_new_tokens, self.config.fast_batch_size
-        if not self.rule.lossless:
-            return round_drafts(model, [p[:-1] for p in prompts], self.rule, pad, eos, max_new_tokens, batch_size)
-        drafts = batched_greedy(model, [p for request in prompts for p in request[:-1]], pad, eos, max_new_tokens, batch_size)
+        decode, batch_size = self.decode, self.config.fast_batch_size
+        if not decode.rule.lossless:
+            return round_drafts(model, [p[:-1] for p in prompts], decode, pad, eos, batch_size)
+        drafts = batched_greedy(model, [p for request in prompts for p in request[:-1]], pad, eos,
+                                decode.max_new_tokens, batch_size)
         results = []
         for request_prompts in prompts:
             request_drafts, drafts = drafts[: len(request_prompts) - 1], drafts[len(request_prompts) - 1 :]
-            results.append((request_drafts[-1], sum(update_costs(request_drafts))))
+            results.append(greedy_drafting(request_drafts, request_prompts, decode, eos))
         return results
 
     def _evaluate_stepwise(self, request: Request) -> dict[str, Any]:
         prompts = self.prompts(request)
         stream = self.engine.stream(prompts)
-        baseline = self.engine.baseline(prompts[-1])
-        return self._record(request, baseline, stream.final, stream.drafting_forwards)
+        return self._record(request, *self._baselines(prompts[-1]), stream.final, stream.drafting_forwards)
 
     def request_groups(self, requests: list[Request]) -> list[list[Request]]:
         """Consecutive requests whose drafts fit one fast-path batch (one each when stepwise)."""
@@ -108,7 +100,7 @@ class StreamingEvaluator:
             return [[request] for request in requests]
         # Greedy decodes every prefix of a group in one batch; other rules one per request per round.
         def width(request: Request) -> int:
-            return len(request.segments) - 1 if self.rule.lossless else 1
+            return len(request.segments) - 1 if self.decode.rule.lossless else 1
 
         groups: list[list[Request]] = [[]]
         for request in requests:
@@ -117,11 +109,18 @@ class StreamingEvaluator:
             groups[-1].append(request)
         return [group for group in groups if group]
 
-    def _record(self, request: Request, baseline, final, drafting_forwards: int) -> dict[str, Any]:
+    def _baselines(self, prompt_ids: list[int]) -> tuple[UpdateResult, UpdateResult | None]:
+        """S_n decoded from scratch: plain greedy, and the lookup decoder with the
+        request as its only source (when regenerating by lookup)."""
+        lookup = self.engine.lookup_baseline(prompt_ids) if self.decode.lookup else None
+        return self.engine.baseline(prompt_ids), lookup
+
+    def _record(self, request: Request, baseline: UpdateResult, lookup: UpdateResult | None,
+                final: UpdateResult, drafting_forwards: int) -> dict[str, Any]:
         decode = self.loaded.tokenizer.decode
         base_answer = decode(baseline.answer, skip_special_tokens=True)
         stream_answer = decode(final.answer, skip_special_tokens=True)
-        return {
+        record = {
             "request_id": request.request_id,
             "segments": request.segments,
             "n_segments": len(request.segments),
@@ -138,24 +137,26 @@ class StreamingEvaluator:
             "baseline_seconds": baseline.seconds,
             "residual_seconds": final.seconds,
             "min_residual_forwards": self.engine.min_residual_forwards,
-            "engine": "fast" if self.fast else ("stepwise" if self.config.engine in AR_ENGINES else self.config.engine),
+            "engine": "fast" if self.fast else ("stepwise" if self.decode.engine in AR_ENGINES else self.decode.engine),
         }
+        if lookup:
+            record |= {
+                "lookup_baseline_forwards": lookup.forwards,
+                "lookup_baseline_seconds": lookup.seconds,
+                "lookup_baseline_identical": lookup.answer == baseline.answer,
+            }
+        return record
 
 
-def build_engine(loaded: LoadedModel, config: EvalConfig, rule: AcceptanceRule) -> StreamingEngine:
-    """The decoder `config.engine` names; the diffusion decoders need the mask token
+def build_engine(loaded: LoadedModel, decode: DecodeSpec) -> StreamingEngine:
+    """The decoder `decode.engine` names; the diffusion decoders need the mask token
     (a clear error from `mask_token_id` when the model lacks it)."""
     eos = eos_token_ids(loaded)
-    if config.engine == "refusion":
-        settings = SlotSettings(
-            config.slot_size, config.serial_blocks, config.slot_threshold, config.token_threshold, config.draft_in_context
-        )
-        return RefusionEngine(loaded.model, mask_token_id(loaded.tokenizer), eos, config.max_new_tokens, rule, settings)
-    if config.engine == "bidirectional":
-        return BidirectionalEngine(
-            loaded.model, mask_token_id(loaded.tokenizer), eos, config.max_new_tokens, rule, config.diffusion_steps
-        )
-    return AREngine(loaded.model, eos, config.max_new_tokens, rule)
+    if decode.engine == "refusion":
+        return RefusionEngine(loaded.model, mask_token_id(loaded.tokenizer), eos, decode)
+    if decode.engine == "bidirectional":
+        return BidirectionalEngine(loaded.model, mask_token_id(loaded.tokenizer), eos, decode)
+    return AREngine(loaded.model, eos, decode)
 
 
 def eos_token_ids(loaded: LoadedModel) -> set[int]:
@@ -177,8 +178,9 @@ def system_message(setting: str) -> str | None:
 
 def default_output_dir(config: EvalConfig) -> Path:
     model = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(config.adapter or config.model).name)
-    decoder = f"-{config.engine}" if config.engine in DECODER_KEYS else ""
-    return Path("outputs") / "eval" / f"{config.benchmark}-{model}-{config.acceptance.replace(':', '')}{decoder}"
+    decode = config.decode
+    decoder = f"-{decode.engine}" if decode.engine in DIFFUSION_ENGINES else f"-{decode.regenerate}"
+    return Path("outputs") / "eval" / f"{config.benchmark}-{model}-{decode.acceptance.replace(':', '')}{decoder}"
 
 
 def run_evaluation(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str, Any]:
@@ -196,7 +198,7 @@ def run_evaluation(config: EvalConfig, loaded: LoadedModel | None = None) -> dic
         loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
         evaluator = StreamingEvaluator(loaded, config)
         evaluator.warm_up(todo[0])
-        progress = tqdm(desc=f"{config.benchmark} {config.acceptance}", initial=len(done), total=len(requests))
+        progress = tqdm(desc=f"{config.benchmark} {config.decode.acceptance}", initial=len(done), total=len(requests))
         for group in evaluator.request_groups(todo):
             if evaluator.fast:
                 drafts = sum(len(request.segments) - 1 for request in group)
@@ -213,14 +215,20 @@ def run_evaluation(config: EvalConfig, loaded: LoadedModel | None = None) -> dic
     summary |= summary_labels(config)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     table = markdown_table({config.benchmark: summary})
-    (output_dir / "report.md").write_text(f"# Streaming evaluation ({config.acceptance})\n\n{table}\n")
+    (output_dir / "report.md").write_text(f"# Streaming evaluation ({decode_label(config.decode)})\n\n{table}\n")
     print(f"\n{table}\n\nresults: {results_path}")
     return summary
 
 
 def summary_labels(config: EvalConfig) -> dict[str, Any]:
-    """What a summary was measured on: benchmark, model, adapter and acceptance rule."""
-    return {"benchmark": config.benchmark, "model": config.model, "adapter": config.adapter, "acceptance": config.acceptance}
+    """What a summary was measured on: benchmark, model, adapter, acceptance rule and regeneration."""
+    return {"benchmark": config.benchmark, "model": config.model, "adapter": config.adapter,
+            "acceptance": config.decode.acceptance, "regenerate": config.decode.regenerate}
+
+
+def decode_label(decode: DecodeSpec) -> str:
+    """A short name of the decode settings for titles: acceptance rule and regeneration."""
+    return f"{decode.acceptance}, regenerate={decode.regenerate}"
 
 
 def _scores(benchmark, request: Request, record: dict[str, Any]) -> dict[str, Any]:
@@ -252,14 +260,22 @@ def _append(path: Path, record: dict[str, Any]) -> None:
         os.fsync(handle.fileno())
 
 
+def result_settings(config: EvalConfig) -> dict[str, Any]:
+    """The settings that decide the numbers, flat (config.json of a results directory)."""
+    values = config_to_dict(config)
+    decode = values.pop("decode")
+    return {k: values[k] for k in RESULT_KEYS} | {k: decode[k] for k in config.decode.result_keys()}
+
+
 def _check_resumable(output_dir: Path, config: EvalConfig) -> None:
     """Refuse to mix results of different settings in one directory."""
     saved_path = output_dir / "config.json"
-    keys = RESULT_KEYS + DECODER_KEYS.get(config.engine, ())
-    current = {k: v for k, v in config_to_dict(config).items() if k in keys}
+    current = result_settings(config)
     if saved_path.exists():
-        # A setting added after these results were written had its default then.
-        saved = {f.name: f.default for f in fields(EvalConfig)} | json.loads(saved_path.read_text())
+        # A setting added after these results were written had its default then
+        # (or the value LEGACY_SETTINGS records, where the default has changed since).
+        defaults = {f.name: f.default for f in fields(EvalConfig) + fields(DecodeSpec)}
+        saved = defaults | LEGACY_SETTINGS | json.loads(saved_path.read_text())
         changed = {k: (saved[k], v) for k, v in current.items() if saved[k] != v}
         if changed:
             detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())

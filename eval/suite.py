@@ -67,12 +67,12 @@ def report_finished(config: EvalConfig) -> dict[str, dict[str, dict[str, Any]]]:
 
 def _benchmarks_and_rules(config: EvalConfig) -> tuple[list[str], list[str]]:
     """The suite's benchmarks and rules; a lone benchmark or rule when a list is empty."""
-    return config.benchmarks or [config.benchmark], config.acceptances or [config.acceptance]
+    return config.benchmarks or [config.benchmark], config.acceptances or [config.decode.acceptance]
 
 
 def _single(config: EvalConfig, name: str, rule: str, output_dir: Path) -> EvalConfig:
     """The suite's run of one benchmark under one rule, in its own directory."""
-    return replace(config, benchmark=name, acceptance=rule, data_path=config.data_paths.get(name),
+    return replace(config, benchmark=name, decode=replace(config.decode, acceptance=rule), data_path=config.data_paths.get(name),
                    benchmarks=[], acceptances=[], data_paths={}, report_only=False,
                    output_dir=str(_run_dir(output_dir, name, rule)))
 
@@ -88,7 +88,9 @@ def _records_by_id(output_dir: Path) -> dict[str, dict[str, Any]]:
 def write_suite_report(output_dir: Path, by_rule: dict[str, dict[str, dict[str, Any]]], config: EvalConfig) -> None:
     summary = {rule: dict(s) | {"macro average": macro_average(s)} for rule, s in by_rule.items()}
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    title = f"Streaming evaluation suite: {config.adapter or config.model}, max_new_tokens={config.max_new_tokens}"
+    decode = config.decode
+    title = (f"Streaming evaluation suite: {config.adapter or config.model}, max_new_tokens={decode.max_new_tokens}, "
+             f"regenerate={decode.regenerate}")
     report = suite_report(by_rule, QUALITY_METRIC, title)
     (output_dir / "report.md").write_text(report)
     print(f"\n{report}\nreport: {output_dir / 'report.md'}")

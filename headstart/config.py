@@ -111,4 +111,7 @@ def _unknown_key_message(config: DictConfig, error: ConfigKeyError, origin: str)
         node = OmegaConf.select(config, parent_path) or config
     valid = ", ".join(sorted(str(k) for k in node.keys())) if isinstance(node, DictConfig) else "?"
     where = f"{parent_path}." if parent_path else ""
-    return f"unknown key {where}{key!s} in {origin}; valid keys: {valid}"
+    moved = [f"{name}.{key}" for name, child in node.items() if isinstance(child, DictConfig) and key in child] \
+        if isinstance(node, DictConfig) else []
+    hint = f" (did you mean {' or '.join(moved)}?)" if moved else ""
+    return f"unknown key {where}{key!s} in {origin}{hint}; valid keys: {valid}"

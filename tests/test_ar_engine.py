@@ -9,6 +9,7 @@ from eval.engines.acceptance import AcceptanceRule
 from eval.engines.base import common_prefix_length
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
+from eval.engines.decode import DecodeSpec
 from eval.runner import StreamingEvaluator, eos_token_ids
 from headstart.models import load_model
 
@@ -31,8 +32,9 @@ def humaneval_requests():
     return get_benchmark("humaneval").load(limit=6)
 
 
-def make_evaluator(model_dir, acceptance="greedy", engine="stepwise") -> StreamingEvaluator:
-    config = EvalConfig(model=str(model_dir), acceptance=acceptance, engine=engine, max_new_tokens=MAX_NEW_TOKENS)
+def make_evaluator(model_dir, acceptance="greedy", engine="stepwise", regenerate="plain") -> StreamingEvaluator:
+    decode = DecodeSpec(acceptance=acceptance, engine=engine, max_new_tokens=MAX_NEW_TOKENS, regenerate=regenerate)
+    config = EvalConfig(model=str(model_dir), decode=decode)
     return StreamingEvaluator(load_model(str(model_dir), device="cpu"), config)
 
 

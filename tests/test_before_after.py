@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, get_peft_model
 
+from eval.engines.decode import DecodeSpec
 from eval.before_after import BeforeAfterConfig, run_before_after
 from headstart.config import RECIPES_DIR, load_config
 from headstart.models import load_model
@@ -30,7 +31,7 @@ def test_before_after_writes_tables_figures_and_wandb_runs_and_reuses_results(tm
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
     adapter = make_adapter(tiny_qwen3_dir, tmp_path / "adapter")
-    config = BeforeAfterConfig(model=str(tiny_qwen3_dir), adapted=str(adapter), limit=2, max_new_tokens=12,
+    config = BeforeAfterConfig(model=str(tiny_qwen3_dir), adapted=str(adapter), limit=2, decode=DecodeSpec(max_new_tokens=12),
                                output_dir=str(tmp_path / "report"))
     summaries = run_before_after(config)
     out = tmp_path / "report"

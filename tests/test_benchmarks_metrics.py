@@ -68,7 +68,7 @@ def test_extraction_follows_the_official_ds1000_postprocessing():
 
 def test_the_suite_runs_every_benchmark_and_writes_one_report(tiny_qwen3_dir, tmp_path):
     config = load_config(EvalConfig, ["recipe=suite_smollm2", f"model={tiny_qwen3_dir}", "limit=1",
-                                      "max_new_tokens=4", f"output_dir={tmp_path}", "acceptances=[greedy]"])
+                                      "decode.max_new_tokens=4", f"output_dir={tmp_path}", "acceptances=[greedy]"])
     by_rule = run_suite(config)
     assert list(by_rule["greedy"]) == ["humaneval", "mbpp", "canitedit", "ds1000", "coedit", "chat"]
     report = (tmp_path / "report.md").read_text()
@@ -82,7 +82,7 @@ def test_the_suite_runs_every_benchmark_and_writes_one_report(tiny_qwen3_dir, tm
 
 
 def test_the_report_of_a_suite_in_progress_compares_rules_on_the_same_requests(tiny_qwen3_dir, tmp_path):
-    config = load_config(EvalConfig, ["recipe=suite_smollm2", f"model={tiny_qwen3_dir}", "limit=2", "max_new_tokens=4",
+    config = load_config(EvalConfig, ["recipe=suite_smollm2", f"model={tiny_qwen3_dir}", "limit=2", "decode.max_new_tokens=4",
                                       f"output_dir={tmp_path}"])
     config = replace(config, benchmarks=["coedit", "chat"],
                      data_paths={k: v for k, v in config.data_paths.items() if k in ("coedit", "chat")})
@@ -95,7 +95,8 @@ def test_the_report_of_a_suite_in_progress_compares_rules_on_the_same_requests(t
     greedy_first = next(r for r in load_records(tmp_path / "coedit" / "greedy" / "results.jsonl")
                         if r["request_id"] == first["request_id"])
     assert by_rule["threshold:0.9"]["coedit"] == summarize([first]) | {"benchmark": "coedit", "model": str(tiny_qwen3_dir),
-                                                                    "adapter": None, "acceptance": "threshold:0.9"}
+                                                                    "adapter": None, "acceptance": "threshold:0.9",
+                                                                    "regenerate": "lookup"}
     assert by_rule["greedy"]["coedit"]["requests"] == 1
     assert by_rule["greedy"]["coedit"]["speedup_forwards_median"] == summarize([greedy_first])["speedup_forwards_median"]
     assert by_rule["greedy"]["chat"]["requests"] == by_rule["threshold:0.9"]["chat"]["requests"] == 2

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from eval.engines.acceptance import AcceptanceRule
 from eval.benchmarks import get_benchmark
 from eval.engines.bidirectional import BidirectionalEngine, bidirectional_logits
 from eval.config import EvalConfig
+from eval.engines.decode import DecodeSpec
 from eval.runner import StreamingEvaluator
 from eval.verifier_check import VerifierCheckConfig, check, main
 from headstart.models import load_model
@@ -63,16 +63,18 @@ def test_the_4d_mask_really_turns_causality_off(tiny_refusion_dir):
     torch.testing.assert_close(*causal)  # the control: causally, position 0 cannot see it
 
 
+def bidirectional_decode(acceptance: str = "greedy") -> DecodeSpec:
+    return DecodeSpec(engine="bidirectional", regenerate="plain", acceptance=acceptance,
+                      max_new_tokens=MAX_NEW_TOKENS, diffusion_steps=STEPS)
+
+
 def make_engine(loaded, acceptance: str = "greedy") -> BidirectionalEngine:
-    return BidirectionalEngine(
-        loaded.model, mask_token_id(loaded.tokenizer), {loaded.tokenizer.eos_token_id}, MAX_NEW_TOKENS,
-        AcceptanceRule.parse(acceptance), STEPS,
-    )
+    eos = {loaded.tokenizer.eos_token_id}
+    return BidirectionalEngine(loaded.model, mask_token_id(loaded.tokenizer), eos, bidirectional_decode(acceptance))
 
 
 def test_the_decoder_costs_its_step_count_and_an_empty_draft_is_the_baseline(tiny_refusion_dir):
-    config = EvalConfig(model=str(tiny_refusion_dir), engine="bidirectional", max_new_tokens=MAX_NEW_TOKENS,
-                        diffusion_steps=STEPS, acceptance="threshold:1.01")
+    config = EvalConfig(model=str(tiny_refusion_dir), decode=bidirectional_decode("threshold:1.01"))
     evaluator = StreamingEvaluator(load_model(str(tiny_refusion_dir), device="cpu"), config)
     engine = evaluator.engine
     for request in get_benchmark("humaneval").load(limit=2):
@@ -109,7 +111,7 @@ def test_verifier_check_causal_rejects_what_bidirectional_approves(tied):
     approved causally, 100% and 100% bidirectionally; the bounds leave room."""
     figures = {
         verifier: check(VerifierCheckConfig(model="tied", verifier=verifier, drafts="reference", limit=6,
-                                            max_new_tokens=32), tied)["foreign"]
+                                            decode=DecodeSpec(max_new_tokens=32)), tied)["foreign"]
         for verifier in ("causal", "bidirectional")
     }
     assert figures["causal"]["leading_run_share"] < 0.1 and figures["causal"]["token_approval_rate"] < 0.1
@@ -125,7 +127,8 @@ def test_verifier_check_cli_rejects_an_unknown_verifier(capsys):
 def test_smollm2_causal_verifier_cuts_foreign_drafts_and_keeps_its_own():
     """The real model keeps its own greedy answers and rejects most of the answer
     to another HumanEval problem."""
-    figures = check(VerifierCheckConfig(model="smollm2", verifier="causal", limit=4, max_new_tokens=32, device="cpu"))
+    figures = check(VerifierCheckConfig(model="smollm2", verifier="causal", limit=4, decode=DecodeSpec(max_new_tokens=32),
+                                        device="cpu"))
     assert figures["own"]["leading_run_share"] > 0.9
     assert figures["foreign"]["leading_run_share"] < 0.5
     assert figures["foreign"]["token_approval_rate"] < figures["own"]["token_approval_rate"]

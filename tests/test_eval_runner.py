@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 
 import pytest
 
 from eval.__main__ import main
 from eval.config import EvalConfig
+from eval.engines.decode import DecodeSpec
 from eval.extract import extract_code
 from eval.reporting.metrics import summarize
 from eval.runner import load_records, run_evaluation
 from headstart.config import RECIPES_DIR, RecipeError, load_config
 
 
+DECODE_KEYS = {f.name for f in fields(DecodeSpec)}
+
+
 def config_for(model_dir, output_dir, **overrides) -> EvalConfig:
-    values = dict(model=str(model_dir), output_dir=str(output_dir), limit=3, max_new_tokens=16)
+    decode = {key: overrides.pop(key) for key in list(overrides) if key in DECODE_KEYS}
+    values = dict(model=str(model_dir), output_dir=str(output_dir), limit=3, decode=DecodeSpec(**({"max_new_tokens": 16} | decode)))
     return EvalConfig(**(values | overrides))
 
 
@@ -63,7 +69,7 @@ def test_threshold_run_records_streamed_answers(tiny_llama_dir, tmp_path):
 
 
 def test_cli_rejects_unknown_keys_listing_valid_ones(capsys):
-    assert main(["recipe=humaneval_smollm2", "max_new_token=5"]) == 2
+    assert main(["recipe=humaneval_smollm2", "decode.max_new_token=5"]) == 2
     error = capsys.readouterr().err
     assert "max_new_token" in error and "max_new_tokens" in error and "acceptance" in error
 

@@ -11,11 +11,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from eval.engines.acceptance import AcceptanceRule
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
 from eval.engines.base import common_prefix_length
-from eval.engines.refusion import RefusionEngine, SlotSettings
+from eval.engines.decode import DecodeSpec
+from eval.engines.refusion import RefusionEngine
 from eval.runner import StreamingEvaluator, load_records, run_evaluation
 from headstart.models import load_model
 from headstart.refusion import mask_token_id
@@ -29,7 +29,7 @@ class NaiveRefusion:
     commit order, then what the step feeds) with explicit position ids. It counts
     which branch each step takes."""
 
-    def __init__(self, model, mask_id: int, eos: set[int], max_new_tokens: int, settings: SlotSettings) -> None:
+    def __init__(self, model, mask_id: int, eos: set[int], max_new_tokens: int, settings: DecodeSpec) -> None:
         self.model, self.mask_id, self.eos, self.max_new_tokens = model, mask_id, eos, max_new_tokens
         self.size, self.settings = settings.slot_size, settings
         self.forwards = 0
@@ -131,7 +131,8 @@ class NaiveRefusion:
 # layer): a drafted token is either the causal choice (p near 1) or astronomically
 # unlikely. A token threshold of 1e-5 lets some of them through, so whole-slot
 # commits, infill rounds of different lengths and multi-slot plans all occur.
-TOY_SETTINGS = SlotSettings(slot_size=4, serial_blocks=2, slot_threshold=0.5, token_threshold=1e-5)
+TOY_SETTINGS = DecodeSpec(engine="refusion", regenerate="plain", max_new_tokens=MAX_NEW_TOKENS, slot_size=4,
+                          serial_blocks=2, slot_threshold=0.5, token_threshold=1e-5)
 # A token the seeded toy often produces stands in for EOS, so that answers end early.
 TOY_EOS = 119
 PHASES = ("verify", "regenerate")
@@ -139,15 +140,16 @@ PHASES = ("verify", "regenerate")
 
 @pytest.fixture(scope="module")
 def toy(tiny_refusion_dir):
-    config = EvalConfig(model=str(tiny_refusion_dir), engine="refusion", max_new_tokens=MAX_NEW_TOKENS)
+    config = EvalConfig(model=str(tiny_refusion_dir), decode=TOY_SETTINGS)
     evaluator = StreamingEvaluator(load_model(str(tiny_refusion_dir), device="cpu"), config)
-    prompts = [evaluator.prompts(request) for request in get_benchmark("humaneval").load(limit=4)]
+    # Five requests: with fewer, the seeded toy may keep no draft only in part (a case the tests need).
+    prompts = [evaluator.prompts(request) for request in get_benchmark("humaneval").load(limit=5)]
     return evaluator.loaded, prompts
 
 
-def toy_engine(loaded, acceptance: str = "greedy", settings: SlotSettings = TOY_SETTINGS) -> RefusionEngine:
+def toy_engine(loaded, acceptance: str = "greedy", settings: DecodeSpec = TOY_SETTINGS) -> RefusionEngine:
     mask = mask_token_id(loaded.tokenizer)
-    return RefusionEngine(loaded.model, mask, {TOY_EOS}, MAX_NEW_TOKENS, AcceptanceRule.parse(acceptance), settings)
+    return RefusionEngine(loaded.model, mask, {TOY_EOS}, replace(settings, acceptance=acceptance))
 
 
 def toy_reference(loaded) -> NaiveRefusion:
@@ -266,8 +268,9 @@ def test_verifying_with_a_reused_cache_matches_verifying_from_scratch(toy):
 
 
 def test_runner_with_engine_refusion_writes_records_and_resumes(tiny_refusion_dir, tmp_path):
-    settings = dict(model=str(tiny_refusion_dir), output_dir=str(tmp_path), engine="refusion", max_new_tokens=16,
-                    slot_size=4, serial_blocks=2, acceptance="threshold:0.5")
+    decode = DecodeSpec(engine="refusion", regenerate="plain", max_new_tokens=16, slot_size=4, serial_blocks=2,
+                        acceptance="threshold:0.5")
+    settings = dict(model=str(tiny_refusion_dir), output_dir=str(tmp_path), decode=decode)
     summary = run_evaluation(EvalConfig(**settings, limit=2))
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
     record = json.loads(lines[0])
@@ -279,10 +282,10 @@ def test_runner_with_engine_refusion_writes_records_and_resumes(tiny_refusion_di
     assert (tmp_path / "results.jsonl").read_text().splitlines()[:2] == lines
     assert len(load_records(tmp_path / "results.jsonl")) == 3 == summary["requests"]
     with pytest.raises(ValueError, match="slot_size"):
-        run_evaluation(EvalConfig(**(settings | {"slot_size": 8}), limit=3))
+        run_evaluation(EvalConfig(**(settings | {"decode": replace(decode, slot_size=8)}), limit=3))
 
 
 def test_a_model_without_a_mask_token_is_a_clear_error(tiny_qwen3_dir):
-    config = EvalConfig(model=str(tiny_qwen3_dir), engine="refusion")
+    config = EvalConfig(model=str(tiny_qwen3_dir), decode=DecodeSpec(engine="refusion", regenerate="plain"))
     with pytest.raises(ValueError, match="no <\\|mask\\|> token"):
         StreamingEvaluator(load_model(str(tiny_qwen3_dir), device="cpu"), config)

@@ -6,17 +6,24 @@ empty cache, a drafting step is an update while the user is still typing, and
 the residual phase is the update at submission. The KV cache of the request is
 reused across updates: it is cropped to the longest common token prefix of what
 it holds and what the next pass needs, so only new tokens are fed.
+
+Regeneration is `plain` (one token per forward) or `lookup` (blocks proposed by
+`eval.engines.lookup`, each verified in one forward); the state says which, so
+the plain baseline, the lookup baseline and the stream share this code.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 
-from eval.engines.base import StreamingEngine, UpdateResult, common_prefix_length, crop_cache
+from eval.engines.decode import DecodeSpec
+from eval.engines.base import StreamingEngine, UpdateResult, common_prefix_length, crop_cache, through_first_eos
+from eval.engines.lookup import LookupPolicy, Proposer, update_proposer
 
 
 @dataclass
@@ -24,15 +31,39 @@ class DecodeState:
     """What the engine holds for one request between updates."""
 
     cache: DynamicCache
+    lookup: LookupPolicy | None = None  # None: plain regeneration
     cached_ids: list[int] = field(default_factory=list)
     draft: list[int] = field(default_factory=list)
+    earlier_drafts: list[list[int]] = field(default_factory=list)  # newest first
+
+
+def proposal_outcome(proposal: list[int], kept: int) -> str:
+    """How a lookup proposal fared: 'none' proposed, 'wrong', 'partial' or 'full'."""
+    if not proposal:
+        return "none"
+    return "wrong" if kept == 0 else "full" if kept == len(proposal) else "partial"
 
 
 class AREngine(StreamingEngine):
     """Greedy decoding with draft verification for one causal LM at batch size 1."""
 
-    def new_state(self) -> DecodeState:
-        return DecodeState(cache=DynamicCache(config=self.model.config))
+    def __init__(self, model: PreTrainedModel, eos_token_ids: set[int], decode: DecodeSpec) -> None:
+        super().__init__(model, eos_token_ids, decode)
+        self.proposals: Counter[str] = Counter()  # regeneration forwards by proposal_outcome
+
+    def new_state(self, lookup: bool = True) -> DecodeState:
+        """A fresh request; `lookup=False` regenerates plainly whatever the decode settings say."""
+        policy = self.spec.lookup if lookup else None
+        return DecodeState(cache=DynamicCache(config=self.model.config), lookup=policy)
+
+    def baseline(self, prompt_ids: list[int]) -> UpdateResult:
+        """Plain greedy decoding of S_n from scratch: what a user gets without streaming."""
+        return self.update(self.new_state(lookup=False), prompt_ids, ("baseline", "baseline"))
+
+    def lookup_baseline(self, prompt_ids: list[int]) -> UpdateResult:
+        """The lookup decoder on S_n from scratch, the request its only source:
+        what streaming adds beyond lookup decoding."""
+        return self.update(self.new_state(), prompt_ids, ("lookup_baseline", "lookup_baseline"))
 
     @torch.inference_mode()
     def forward(
@@ -49,12 +80,14 @@ class AREngine(StreamingEngine):
         state.cached_ids.extend(token_ids)
         return output.logits[0].float()
 
-    def prime(self, state: DecodeState, prompt_ids: list[int], draft: list[int]) -> None:
+    def prime(self, state: DecodeState, prompt_ids: list[int], draft: list[int],
+              earlier_drafts: list[list[int]] = ()) -> None:
         """Put the engine where it stands after drafting `draft` for `prompt_ids`
         (cache over prompt + draft minus its last token), without counting."""
         self.crop(state, 0)
         self.forward(state, prompt_ids + draft[:-1], phase=None)
         state.draft = list(draft)
+        state.earlier_drafts = [list(d) for d in earlier_drafts]
 
     def update(self, state: DecodeState, prompt_ids: list[int], phases: tuple[str, str]) -> UpdateResult:
         """Verify the held draft against `prompt_ids`, accept, regenerate: the new draft."""
@@ -70,16 +103,28 @@ class AREngine(StreamingEngine):
         answer = draft[:accepted]
         if accepted < len(draft) or not self.finished(answer):
             self.crop(state, len(prompt_ids) + accepted)
-            answer = self._regenerate(state, answer, logits[accepted], regenerate_phase)
+            proposer = update_proposer(state.lookup, draft[accepted:], state.earlier_drafts, prompt_ids, self.eos_token_ids)
+            answer = self._regenerate(state, len(prompt_ids), answer + [int(logits[accepted].argmax())],
+                                      regenerate_phase, proposer)
+        if draft:
+            state.earlier_drafts.insert(0, draft)
         state.draft = answer
         return self._result(answer, draft, accepted, calls_before, start)
 
-    def _regenerate(self, state: DecodeState, answer: list[int], logits: torch.Tensor, phase: str) -> list[int]:
-        """Greedy decoding from the accepted prefix; the verify pass gave the first token."""
-        answer = answer + [int(logits.argmax())]
+    def _regenerate(
+        self, state: DecodeState, prompt_length: int, answer: list[int], phase: str, proposer: Proposer | None
+    ) -> list[int]:
+        """Greedy decoding after `answer` (whose last token is not yet fed), one
+        block per forward: the proposal's run that greedy would produce, plus the
+        token the forward yields. The cache ends over prompt + answer[:-1]."""
         while not self.finished(answer):
-            logits = self.forward(state, answer[-1:], phase)[-1]
-            answer.append(int(logits.argmax()))
+            proposal = proposer.propose(answer, self.max_new_tokens - len(answer) - 1) if proposer else []
+            logits = self.forward(state, answer[-1:] + proposal, phase, logits_to_keep=len(proposal) + 1)
+            predicted = logits.argmax(-1).tolist()
+            kept = common_prefix_length(proposal, predicted)
+            self.proposals[proposal_outcome(proposal, kept)] += 1
+            answer = answer + through_first_eos(proposal[:kept] + [predicted[kept]], self.eos_token_ids)
+            self.crop(state, prompt_length + len(answer) - 1)
         return answer
 
     @staticmethod

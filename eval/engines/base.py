@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import DynamicCache, PreTrainedModel
 
-from eval.engines.acceptance import AcceptanceRule
+if TYPE_CHECKING:
+    from eval.engines.decode import DecodeSpec
 
 
 @dataclass
@@ -53,6 +54,14 @@ def common_prefix_length(a: list, b: list) -> int:
     return length
 
 
+def through_first_eos(tokens: list[int], eos_token_ids: set[int]) -> list[int]:
+    """`tokens` up to and including the first EOS (all of them when there is none)."""
+    for position, token in enumerate(tokens):
+        if token in eos_token_ids:
+            return tokens[: position + 1]
+    return tokens
+
+
 def answer_finished(answer: list[int], eos_token_ids: set[int], max_new_tokens: int) -> bool:
     """Decoding stops at the first EOS (kept) or at the token budget."""
     return bool(answer) and (answer[-1] in eos_token_ids or len(answer) >= max_new_tokens)
@@ -73,13 +82,12 @@ class StreamingEngine:
     # A fully accepted draft that ends in EOS costs the verification pass alone.
     min_residual_forwards = 1
 
-    def __init__(
-        self, model: PreTrainedModel, eos_token_ids: set[int], max_new_tokens: int, rule: AcceptanceRule
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, eos_token_ids: set[int], decode: DecodeSpec) -> None:
         self.model = model
         self.eos_token_ids = eos_token_ids
-        self.max_new_tokens = max_new_tokens
-        self.rule = rule
+        self.spec = decode
+        self.max_new_tokens = decode.max_new_tokens
+        self.rule = decode.rule
         self.forwards: Counter[str] = Counter()  # model calls by phase
 
     def finished(self, answer: list[int]) -> bool:

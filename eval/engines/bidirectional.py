@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from eval.engines.acceptance import AcceptanceRule
+from eval.engines.decode import DecodeSpec
 from eval.engines.base import StreamingEngine, UpdateResult
 
 
@@ -54,15 +54,11 @@ class BidirectionalEngine(StreamingEngine):
         model: PreTrainedModel,
         mask_token_id: int,
         eos_token_ids: set[int],
-        max_new_tokens: int,
-        rule: AcceptanceRule,
-        steps: int,
+        decode: DecodeSpec,
     ) -> None:
-        if steps < 1:
-            raise ValueError(f"diffusion steps must be >= 1, not {steps}")
-        super().__init__(model, eos_token_ids, max_new_tokens, rule)
+        super().__init__(model, eos_token_ids, decode)
         self.mask_token_id = mask_token_id
-        self.steps = steps
+        self.steps = decode.diffusion_steps
 
     def new_state(self) -> BidirectionalState:
         return BidirectionalState()

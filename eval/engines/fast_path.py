@@ -2,14 +2,20 @@
 in padded batches; only the timed parts (baseline and final update) run at batch 1.
 
 - `greedy`: D_i = greedy(S_i), so the drafts of all prefixes are decoded in one
-  batch, and each update's cost follows from them: max(1, L_i - k_i), k_i = common
-  prefix of D_{i-1} and D_i.
+  batch, and each update's cost follows from them (k_i = common prefix of D_{i-1}
+  and D_i tokens kept): max(1, L_i - k_i) with plain regeneration.
 - any other rule: D_i depends on D_{i-1}, so update i of every request runs in one
   round: verify each draft (one forward), then regenerate from the accepted
   prefixes in one batch. An update costs max(1, L_i - a_i), a_i tokens accepted.
+
+Regeneration is greedy under every rule, so the drafts do not depend on the
+regeneration mode; with `lookup` an update's forwards are computed from the
+tokens by `eval.engines.lookup.update_forwards`, the rule the engine executes.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -17,6 +23,8 @@ from transformers import DynamicCache, PreTrainedModel
 from eval.engines.acceptance import AcceptanceRule
 from eval.engines.ar import AREngine
 from eval.engines.base import UpdateResult, answer_finished, common_prefix_length
+from eval.engines.decode import DecodeSpec
+from eval.engines.lookup import update_forwards, update_proposer
 
 
 @torch.inference_mode()
@@ -78,45 +86,69 @@ def _greedy_batch(
         position_ids = position_ids[:, -1:] + 1
 
 
-def update_costs(drafts: list[list[int]]) -> list[int]:
-    """Forwards of each update when every draft is the greedy answer to its prefix."""
-    previous: list[int] = []
-    costs = []
-    for draft in drafts:
-        costs.append(max(1, len(draft) - common_prefix_length(previous, draft)))
-        previous = draft
-    return costs
+@dataclass
+class Drafting:
+    """What drafting left for the final update: D_1..D_{n-1}, and its forwards."""
+
+    drafts: list[list[int]]
+    forwards: int
+
+
+def update_cost(
+    held: list[int], answer: list[int], accepted: int, earlier: list[list[int]], prompt_ids: list[int],
+    decode: DecodeSpec, eos_token_ids: set[int],
+) -> int:
+    """Forwards of the update that held `held` (earlier drafts `earlier`, newest first),
+    kept `accepted` tokens of it and ended with `answer`, computed from the tokens:
+    what `AREngine.update` executes (tests/test_ar_engine.py checks it on every request)."""
+    proposer = update_proposer(decode.lookup, held[accepted:], earlier, prompt_ids, eos_token_ids)
+    finished = answer_finished(held, eos_token_ids, decode.max_new_tokens)
+    return update_forwards(held, answer, accepted, proposer, finished, decode.max_new_tokens)
+
+
+def greedy_drafting(
+    drafts: list[list[int]], prompts: list[list[int]], decode: DecodeSpec, eos_token_ids: set[int]
+) -> Drafting:
+    """Drafting of one request under `greedy`, where D_i = greedy(S_i): the draft kept
+    at update i is the common prefix of D_{i-1} and D_i."""
+    forwards = 0
+    for index, answer in enumerate(drafts):
+        held = drafts[index - 1] if index else []
+        earlier = drafts[: max(index - 1, 0)][::-1]
+        accepted = common_prefix_length(held, answer)
+        forwards += update_cost(held, answer, accepted, earlier, prompts[index], decode, eos_token_ids)
+    return Drafting(drafts, forwards)
 
 
 def round_drafts(
     model: PreTrainedModel,
     prompts: list[list[list[int]]],
-    rule: AcceptanceRule,
+    decode: DecodeSpec,
     pad_token_id: int,
     eos_token_ids: set[int],
-    max_new_tokens: int,
     batch_size: int = 16,
-) -> list[tuple[list[int], int]]:
+) -> list[Drafting]:
     """Drafting under any rule for several requests (`prompts[r]` = S_1..S_{n-1}
-    of request r): each request's last draft and the forwards its updates cost."""
-    drafts: list[list[int]] = [[] for _ in prompts]
+    of request r): update i of every request in one round, verify each draft
+    (one forward), then regenerate from the accepted prefixes in one batch."""
+    drafts: list[list[list[int]]] = [[] for _ in prompts]
     forwards = [0] * len(prompts)
+    max_new_tokens = decode.max_new_tokens
     for step in range(max(len(p) for p in prompts)):
-        regenerate: dict[int, int] = {}
-        for row in (r for r, request_prompts in enumerate(prompts) if step < len(request_prompts)):
-            accepted = verified_length(model, prompts[row][step], drafts[row], rule)
-            if accepted == len(drafts[row]) and answer_finished(drafts[row], eos_token_ids, max_new_tokens):
-                forwards[row] += 1  # the verify pass alone
-            else:
-                regenerate[row] = accepted
+        rows = [r for r, request_prompts in enumerate(prompts) if step < len(request_prompts)]
+        held = {r: drafts[r][-1] if drafts[r] else [] for r in rows}
+        accepted = {r: verified_length(model, prompts[r][step], held[r], decode.rule) for r in rows}
+        regenerate = [r for r in rows if not (accepted[r] == len(held[r]) and answer_finished(held[r], eos_token_ids, max_new_tokens))]
         tails = batched_greedy(
-            model, [prompts[r][step] + drafts[r][:a] for r, a in regenerate.items()], pad_token_id,
-            eos_token_ids, [max_new_tokens - a for a in regenerate.values()], batch_size,
+            model, [prompts[r][step] + held[r][: accepted[r]] for r in regenerate], pad_token_id,
+            eos_token_ids, [max_new_tokens - accepted[r] for r in regenerate], batch_size,
         )
-        for (row, accepted), tail in zip(regenerate.items(), tails):
-            drafts[row] = drafts[row][:accepted] + tail
-            forwards[row] += len(tail)  # the verify pass yields the first token of the tail
-    return list(zip(drafts, forwards))
+        answers = {r: held[r] for r in rows} | {r: held[r][: accepted[r]] + tail for r, tail in zip(regenerate, tails)}
+        for r in rows:
+            earlier = drafts[r][:-1][::-1]
+            forwards[r] += update_cost(held[r], answers[r], accepted[r], earlier, prompts[r][step], decode, eos_token_ids)
+            drafts[r].append(answers[r])
+    return [Drafting(request_drafts, request_forwards) for request_drafts, request_forwards in zip(drafts, forwards)]
 
 
 @torch.inference_mode()
@@ -128,8 +160,8 @@ def verified_length(model: PreTrainedModel, prompt_ids: list[int], draft: list[i
     return rule.accepted_length(logits[0, :-1].float(), draft)
 
 
-def final_update(engine: AREngine, prompts: list[list[int]], last_draft: list[int]) -> UpdateResult:
+def final_update(engine: AREngine, prompts: list[list[int]], drafting: Drafting) -> UpdateResult:
     """The residual phase at batch size 1, from the state drafting left behind."""
     state = engine.new_state()
-    engine.prime(state, prompts[-2], last_draft)
+    engine.prime(state, prompts[-2], drafting.drafts[-1], earlier_drafts=drafting.drafts[:-1][::-1])
     return engine.update(state, prompts[-1], ("verify", "regenerate"))

@@ -31,30 +31,11 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from eval.engines.acceptance import AcceptanceRule
+from eval.engines.decode import DecodeSpec
 from eval.engines.base import StreamingEngine, UpdateResult, common_prefix_length, crop_cache
 
 # A fed token and its true position id: the KV cache holds a sequence of these.
 Pair = tuple[int, int]
-
-
-@dataclass(frozen=True)
-class SlotSettings:
-    """ReFusion's decoding settings: slot size and thresholds default to its
-    generate(), the 4 serial blocks to its HumanEval evaluation (which also uses
-    slot_size 32 and token_threshold 0.4)."""
-
-    slot_size: int = 8
-    serial_blocks: int = 4
-    slot_threshold: float = 0.9
-    token_threshold: float = 0.9
-    # For models trained on draft-refinement rows (train/refusion.py): the held draft
-    # D_{i-1} also sits after the prompt as context, and the answer follows it.
-    draft_in_context: bool = False
-
-    def __post_init__(self) -> None:
-        if self.slot_size < 1 or self.serial_blocks < 1:
-            raise ValueError(f"slot_size and serial_blocks must be >= 1, not {self.slot_size} and {self.serial_blocks}")
 
 
 @dataclass
@@ -92,17 +73,14 @@ class RefusionEngine(StreamingEngine):
         model: PreTrainedModel,
         mask_token_id: int,
         eos_token_ids: set[int],
-        max_new_tokens: int,
-        rule: AcceptanceRule,
-        settings: SlotSettings = SlotSettings(),
+        decode: DecodeSpec,
     ) -> None:
-        super().__init__(model, eos_token_ids, max_new_tokens, rule)
+        super().__init__(model, eos_token_ids, decode)
         self.mask_token_id = mask_token_id
-        self.settings = settings
         # Block width in slots, fixed by the full buffer; a residual decode after
         # an accepted prefix uses the same width (fewer blocks).
-        full_slots = math.ceil(max_new_tokens / settings.slot_size)
-        self.block_slots = math.ceil(full_slots / min(settings.serial_blocks, full_slots))
+        full_slots = math.ceil(decode.max_new_tokens / decode.slot_size)
+        self.block_slots = math.ceil(full_slots / min(decode.serial_blocks, full_slots))
 
     def new_state(self) -> SlotState:
         return SlotState(cache=DynamicCache(config=self.model.config))
@@ -167,7 +145,7 @@ class RefusionEngine(StreamingEngine):
     def _draft_context(self, draft: list[int]) -> list[int]:
         """What precedes the answer besides the prompt: nothing, or (draft_in_context)
         the draft as training saw it, text without the EOS that ended it."""
-        if not self.settings.draft_in_context:
+        if not self.spec.draft_in_context:
             return []
         return draft[:-1] if draft and draft[-1] in self.eos_token_ids else list(draft)
 
@@ -190,7 +168,7 @@ class RefusionEngine(StreamingEngine):
         self.crop(state, reuse)
         run = _Decoding(pending=context[reuse:])
         first, length = len(context), self.max_new_tokens - len(prefix)
-        size = self.settings.slot_size
+        size = self.spec.slot_size
         slots = [first + size * k for k in range(math.ceil(length / size))]  # each slot's first position
         for block_start in range(0, len(slots), self.block_slots):
             undecided = slots[block_start : block_start + self.block_slots]
@@ -210,7 +188,7 @@ class RefusionEngine(StreamingEngine):
     def _decode_step(self, state: SlotState, run: _Decoding, undecided: list[int], phase: str) -> list[int]:
         """Plan, verify, then commit whole slots (or up to an EOS) or infill; returns
         the slots decided by this step."""
-        size = self.settings.slot_size
+        size = self.spec.slot_size
         chosen, drafts, context_length = self._plan(state, run, undecided, phase)
         passes = self._verify_chosen(state, drafts, chosen, phase)
         tokens = [t for slot in drafts for t in slot]
@@ -236,7 +214,7 @@ class RefusionEngine(StreamingEngine):
     ) -> tuple[list[int], list[list[int]], int]:
         """Pending tokens + every undecided slot as masks: the chosen slots (position
         order), their drafted tokens, and the context length (masks are cropped)."""
-        size = self.settings.slot_size
+        size = self.spec.slot_size
         masks = [(self.mask_token_id, p) for start in undecided for p in self._slot_positions(start)]
         logits = self.feed(state, run.pending + masks, phase, keep=len(masks))
         run.pending = []
@@ -245,7 +223,7 @@ class RefusionEngine(StreamingEngine):
         probabilities = torch.softmax(logits, dim=-1)
         confidence, tokens = probabilities.max(dim=-1)
         first_confidence = confidence[::size]
-        picked = (first_confidence > self.settings.slot_threshold).nonzero()[:, 0].tolist()
+        picked = (first_confidence > self.spec.slot_threshold).nonzero()[:, 0].tolist()
         if not picked:
             picked = [int(first_confidence.argmax())]
         drafts = [tokens[i * size : (i + 1) * size].tolist() for i in picked]
@@ -259,7 +237,7 @@ class RefusionEngine(StreamingEngine):
         logits = self.feed(state, pairs, phase, keep=len(pairs))
         passes = self._causal_passes(logits[None], torch.tensor([[t for t, _ in pairs]]))[0].tolist()
         for i in range(len(chosen)):
-            passes[i * self.settings.slot_size] = True
+            passes[i * self.spec.slot_size] = True
         return passes
 
     def _infill(
@@ -269,7 +247,7 @@ class RefusionEngine(StreamingEngine):
         predict the unaccepted tokens (masks), re-judge them causally, grow each
         accepted prefix by its leading passing run and at least one token. A row whose
         accepted prefix holds an EOS ends there, and the rows after it are dropped."""
-        size, context_length = self.settings.slot_size, len(state.cached)
+        size, context_length = self.spec.slot_size, len(state.cached)
         rows = [list(d) for d in drafts]
         positions = torch.tensor([self._slot_positions(start) for start in chosen])
         rows, accepted = self._cut_at_eos(rows, accepted)
@@ -300,7 +278,7 @@ class RefusionEngine(StreamingEngine):
         for i, (row, length) in enumerate(zip(rows, accepted)):
             eos_at = next((j for j in range(length) if row[j] in self.eos_token_ids), None)
             if eos_at is not None:
-                return rows[:i] + [row[: eos_at + 1]], accepted[:i] + [self.settings.slot_size]
+                return rows[:i] + [row[: eos_at + 1]], accepted[:i] + [self.spec.slot_size]
         return rows, accepted
 
     def _causal_passes(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -308,11 +286,11 @@ class RefusionEngine(StreamingEngine):
         position before gave it exceeds token_threshold; j = 0 is left False."""
         probabilities = torch.softmax(logits[:, :-1], dim=-1).gather(-1, tokens[:, 1:, None].to(logits.device))[..., 0]
         passes = torch.zeros(tokens.shape, dtype=torch.bool)
-        passes[:, 1:] = (probabilities > self.settings.token_threshold).cpu()
+        passes[:, 1:] = (probabilities > self.spec.token_threshold).cpu()
         return passes
 
     def _slot_positions(self, start: int) -> list[int]:
-        return list(range(start, start + self.settings.slot_size))
+        return list(range(start, start + self.spec.slot_size))
 
 
 def _pairs(token_ids: list[int], first_position: int) -> list[Pair]:

@@ -1,0 +1,88 @@
+"""How answers are decoded and drafts verified: one home for the decode settings.
+
+`DecodeSpec` is composed into every config that evaluates (`python -m eval`, the
+suite, before/after, the verifier check) as its `decode` section, e.g.
+`decode.acceptance=threshold:0.9 decode.regenerate=plain`. It is validated when
+the config is built, before any model loads, and the engines read it directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eval.engines.acceptance import AcceptanceRule
+from eval.engines.lookup import OCCURRENCES, LookupPolicy
+
+AR_ENGINES = ("auto", "fast", "stepwise")  # the same numbers; auto = fast
+DIFFUSION_ENGINES = ("refusion", "bidirectional")
+ENGINES = AR_ENGINES + DIFFUSION_ENGINES
+REGENERATE_MODES = ("plain", "lookup")
+# Settings that change the numbers, beyond acceptance, max_new_tokens and regenerate.
+LOOKUP_KEYS = ("lookup_ngram", "lookup_block", "lookup_occurrence")
+DIFFUSION_KEYS = {
+    "refusion": ("engine", "slot_size", "serial_blocks", "slot_threshold", "token_threshold", "draft_in_context"),
+    "bidirectional": ("engine", "diffusion_steps"),
+}
+
+
+@dataclass
+class DecodeSpec:
+    """Decoder, acceptance rule, answer length and regeneration mode of an evaluation."""
+
+    engine: str = field(default="auto", metadata={"help": "AR: 'stepwise', or 'fast'/'auto' (drafting batched across requests; same numbers); 'refusion' (slot plan-and-infill) or 'bidirectional' (full-attention control)."})
+    acceptance: str = field(default="greedy", metadata={"help": "Acceptance rule: 'greedy' (lossless) or 'threshold:TAU'."})
+    max_new_tokens: int = field(default=256, metadata={"help": "Answer length cap, the same for baselines and stream."})
+    regenerate: str = field(default="lookup", metadata={"help": "After the accepted prefix: 'lookup' (blocks proposed by n-gram lookup in the held draft, earlier drafts and the request, verified in one forward; lossless) or 'plain' (one token per forward, the paper's procedure). AR engines only."})
+    lookup_ngram: int = field(default=3, metadata={"help": "lookup: longest n-gram matched (the answer's last n tokens), tried down to 1."})
+    lookup_block: int = field(default=10, metadata={"help": "lookup: most tokens proposed per forward."})
+    lookup_occurrence: str = field(default="first", metadata={"help": "lookup: which occurrence of the n-gram in a source proposes ('first' or 'last')."})
+    # ReFusion's slot size and thresholds default to its generate(), the 4 serial
+    # blocks to its HumanEval evaluation (which also uses slot_size 32, token_threshold 0.4).
+    slot_size: int = field(default=8, metadata={"help": "refusion: tokens per slot; the answer buffer is max_new_tokens rounded up to whole slots."})
+    serial_blocks: int = field(default=4, metadata={"help": "refusion: the answer buffer is split into this many blocks, decoded in turn."})
+    slot_threshold: float = field(default=0.9, metadata={"help": "refusion: slots whose first-token probability exceeds this are drafted together (else the most confident one)."})
+    token_threshold: float = field(default=0.9, metadata={"help": "refusion: a drafted slot token is kept when its causal probability exceeds this."})
+    draft_in_context: bool = field(default=False, metadata={"help": "refusion: the held draft also precedes the answer as context (models trained on draft-refinement rows)."})
+    diffusion_steps: int = field(default=64, metadata={"help": "bidirectional: denoising steps (forwards) for a full answer buffer; a residue takes its share."})
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"decode.engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"decode.max_new_tokens must be >= 1, not {self.max_new_tokens}")
+        if self.regenerate not in REGENERATE_MODES:
+            raise ValueError(f"decode.regenerate must be one of {', '.join(REGENERATE_MODES)}, not {self.regenerate!r}")
+        if self.regenerate == "lookup" and self.engine not in AR_ENGINES:
+            raise ValueError(f"decode.regenerate=lookup needs an autoregressive engine; engine={self.engine} "
+                             "regenerates by its own decoding: add decode.regenerate=plain")
+        if self.lookup_ngram < 1 or self.lookup_block < 1:
+            raise ValueError(f"decode.lookup_ngram and decode.lookup_block must be >= 1, not {self.lookup_ngram} and {self.lookup_block}")
+        if self.lookup_occurrence not in OCCURRENCES:
+            raise ValueError(f"decode.lookup_occurrence must be one of {', '.join(OCCURRENCES)}, not {self.lookup_occurrence!r}")
+        if self.slot_size < 1 or self.serial_blocks < 1 or self.diffusion_steps < 1:
+            raise ValueError("decode.slot_size, decode.serial_blocks and decode.diffusion_steps must be >= 1")
+        self._rule = AcceptanceRule.parse(self.acceptance)
+
+    @property
+    def rule(self) -> AcceptanceRule:
+        """The parsed acceptance rule."""
+        return self._rule
+
+    @property
+    def lookup(self) -> LookupPolicy | None:
+        """The proposal policy of `regenerate=lookup`; None for plain regeneration."""
+        if self.regenerate != "lookup":
+            return None
+        return LookupPolicy(self.lookup_ngram, self.lookup_block, self.lookup_occurrence)
+
+    @property
+    def fast(self) -> bool:
+        """Whether drafting is batched across requests (AR engines but `stepwise`)."""
+        return self.engine in ("auto", "fast")
+
+    def result_keys(self) -> tuple[str, ...]:
+        """The settings a resumed run must share with the results it continues."""
+        keys = ("acceptance", "max_new_tokens", "regenerate")
+        if self.regenerate == "lookup":
+            keys += LOOKUP_KEYS
+        return keys + DIFFUSION_KEYS.get(self.engine, ())

@@ -1,0 +1,108 @@
+"""Draft-guided regeneration (PROTOCOL.md, `regenerate=lookup`).
+
+After the verify pass keeps k draft tokens, the rest of the answer is decoded in
+blocks: the answer's last n tokens (n = `max_ngram` down to 1) are looked up in
+the sources, in order (the unaccepted tail of the held draft, the earlier drafts,
+newest first, then the request), and the tokens that followed the match are
+proposed. One forward over (last token, proposal) keeps the longest run of the
+proposal that greedy decoding would produce, plus the token the forward yields.
+So the answer is the greedy one, token for token, and a forward is never worth
+less than a plain step; a regenerated answer that re-joins the stale draft after
+a renamed variable or an inserted line costs one forward per block.
+
+The same code computes the forwards of an update from token sequences alone
+(`update_forwards`), which the fast path uses for the drafting it batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eval.engines.base import common_prefix_length, through_first_eos
+
+OCCURRENCES = ("first", "last")
+
+
+@dataclass(frozen=True)
+class LookupPolicy:
+    """What to propose: n-gram length, block size, and which occurrence of a match."""
+
+    max_ngram: int = 3
+    block: int = 10
+    occurrence: str = "first"
+
+
+class Proposer:
+    """N-gram lookup over a fixed list of sources. Each source is indexed once:
+    n-gram -> the position after its chosen occurrence (one with a token after it)."""
+
+    def __init__(self, sources: list[list[int]], policy: LookupPolicy, eos_token_ids: set[int]) -> None:
+        self.sources = [source for source in sources if len(source) > 1]
+        self.policy = policy
+        self.eos_token_ids = eos_token_ids
+        self.indexes = [self._index(source) for source in self.sources]
+
+    def _index(self, source: list[int]) -> dict[tuple[int, ...], int]:
+        index: dict[tuple[int, ...], int] = {}
+        keep_first = self.policy.occurrence == "first"
+        for n in range(1, self.policy.max_ngram + 1):
+            for start in range(len(source) - n):  # a match must have a token after it
+                key = tuple(source[start : start + n])
+                if not keep_first or key not in index:
+                    index[key] = start + n
+        return index
+
+    def propose(self, answer: list[int], budget: int) -> list[int]:
+        """Up to min(block, budget) tokens to verify after `answer`; cut after an EOS."""
+        limit = min(self.policy.block, budget)
+        if limit <= 0:
+            return []
+        for n in range(min(self.policy.max_ngram, len(answer)), 0, -1):
+            key = tuple(answer[-n:])
+            for source, index in zip(self.sources, self.indexes):
+                follow = index.get(key)
+                if follow is not None:
+                    return through_first_eos(source[follow : follow + limit], self.eos_token_ids)
+        return []
+
+
+def update_proposer(
+    policy: LookupPolicy | None,
+    held_tail: list[int],
+    earlier_drafts: list[list[int]],
+    prompt_ids: list[int],
+    eos_token_ids: set[int],
+) -> Proposer | None:
+    """The lookup of one update: the unaccepted tail of the held draft, the earlier
+    drafts (newest first), then the request, searched in that order. None: plain."""
+    if policy is None:
+        return None
+    return Proposer([held_tail, *earlier_drafts, prompt_ids], policy, eos_token_ids)
+
+
+def regeneration_forwards(answer: list[int], start: int, proposer: Proposer | None, max_new_tokens: int) -> int:
+    """Forwards after the verify pass to decode `answer[start + 1:]` (the verify pass
+    yields `answer[start]`), when `answer` is what greedy decoding produces."""
+    length, forwards = start + 1, 0
+    while length < len(answer):
+        proposal = proposer.propose(answer[:length], max_new_tokens - length - 1) if proposer else []
+        matched = common_prefix_length(proposal, answer[length:])
+        length = min(length + matched + 1, len(answer))
+        forwards += 1
+    return forwards
+
+
+def update_forwards(
+    held: list[int],
+    answer: list[int],
+    accepted: int,
+    proposer: Proposer | None,
+    finished: bool,
+    max_new_tokens: int,
+) -> int:
+    """Forwards of one update that kept `accepted` tokens of the held draft and
+    ended with `answer`: the verify pass alone when the whole draft was kept and
+    it was finished, else the verify pass and the regeneration after it."""
+    if accepted == len(held) and finished:
+        return 1
+    return 1 + regeneration_forwards(answer, accepted, proposer, max_new_tokens)

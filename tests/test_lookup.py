@@ -1,0 +1,193 @@
+"""Draft-guided regeneration (`decode.regenerate=lookup`): lossless against a naive
+decoder written here, counts computed from tokens equal to the counts executed,
+and forwards hand-counted on token sequences made up here."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from eval.benchmarks import get_benchmark
+from eval.engines.decode import DecodeSpec
+from eval.engines.fast_path import update_cost
+from eval.engines.lookup import LookupPolicy, Proposer, regeneration_forwards
+from eval.config import EvalConfig
+from eval.runner import StreamingEvaluator
+from headstart.config import RecipeError, load_config
+from headstart.models import load_model
+from test_ar_engine import MAX_NEW_TOKENS, make_evaluator, naive_greedy
+
+EOS = 99
+POLICY = LookupPolicy(max_ngram=3, block=10, occurrence="first")
+
+
+@pytest.fixture(scope="module")
+def humaneval_requests():
+    return get_benchmark("humaneval").load(limit=6)
+
+
+# ---------------------------------------------------------------- hand-counted
+
+
+def test_an_inserted_token_costs_one_plain_step_then_the_draft_rejoins():
+    """Held draft 1 2 3 4 5 6 7 EOS; the answer inserts 9 after 1 2. Verify keeps 1 2
+    and yields 9; nothing follows (2, 9) or 9 anywhere, so one plain step yields 3;
+    3 is found in the held tail, which proposes 4 5 6 7 EOS: all kept in one forward.
+    Verify + 2 forwards, against 9 - 2 = 7 with plain regeneration."""
+    held, answer = [1, 2, 3, 4, 5, 6, 7, EOS], [1, 2, 9, 3, 4, 5, 6, 7, EOS]
+    proposer = Proposer([held[2:], [], [50, 51]], POLICY, {EOS})
+    assert regeneration_forwards(answer, 2, proposer, max_new_tokens=64) == 2
+    assert regeneration_forwards(answer, 2, None, max_new_tokens=64) == 6
+
+
+def test_a_renamed_token_costs_two_steps_and_the_block_size_bounds_a_forward():
+    """`x = f(a); return x` -> `y = f(a); return y` (one token each). Verify rejects x
+    and yields y; y is nowhere in the sources, so a plain step yields `=`; `=` proposes
+    `f(a); return x EOS`: six kept, x is wrong and the forward yields y instead; a
+    plain step yields EOS. Verify + 3 forwards; with blocks of 2, verify + 5."""
+    x, y, eq, f, lp, a, rp, semi, ret = 10, 11, 12, 13, 14, 15, 16, 17, 18
+    held = [x, eq, f, lp, a, rp, semi, ret, x, EOS]
+    answer = [y, eq, f, lp, a, rp, semi, ret, y, EOS]
+    proposer = Proposer([held, [], []], POLICY, {EOS})
+    assert regeneration_forwards(answer, 0, proposer, max_new_tokens=64) == 3
+    small = Proposer([held, [], []], LookupPolicy(3, 2, "first"), {EOS})
+    # y -> =; (=) proposes f ( -> +a; (f ( a) proposes ) ; -> +return; (...) proposes x EOS: wrong -> y; -> EOS
+    assert regeneration_forwards(answer, 0, small, max_new_tokens=64) == 5
+
+
+def test_proposals_prefer_longer_ngrams_then_source_order_and_stop_at_eos():
+    tail, earlier, request = [5, 6, 7, 1, EOS, 2], [4, 5, 6, 8, 9], [5, 6, 3]
+    proposer = Proposer([tail, earlier, request], POLICY, {EOS})
+    assert proposer.propose([4, 5, 6], budget=64) == [8, 9]  # the 3-gram is only in an earlier draft
+    assert proposer.propose([0, 5, 6], budget=64) == [7, 1, EOS]  # (5, 6) first in the tail; cut after EOS
+    assert proposer.propose([0, 5, 6], budget=2) == [7, 1]  # the answer's remaining budget
+    assert proposer.propose([3], budget=64) == []  # nothing follows 3 in the request
+    last = Proposer([[1, 2, 1, 3]], LookupPolicy(1, 10, "last"), {EOS})
+    assert last.propose([1], budget=64) == [3]
+
+
+def test_update_cost_is_one_forward_for_a_finished_draft_kept_whole():
+    decode = DecodeSpec(max_new_tokens=8)
+    draft = [1, 2, EOS]
+    assert update_cost(draft, draft, 3, [], [7, 8], decode, {EOS}) == 1
+    assert update_cost([], draft, 0, [], [7, 8], decode, {EOS}) == 3  # the lookup baseline: nothing to propose
+
+
+# ------------------------------------------------------------ tiny real models
+
+
+def test_lookup_streaming_is_lossless_and_exercises_every_kind_of_proposal(tiny_model_dir, humaneval_requests):
+    """Streamed answers and the lookup baseline equal a naive no-cache greedy decoder's;
+    proposals that are right, partly right and wrong all occur; no update costs more
+    forwards than with plain regeneration."""
+    lookup = make_evaluator(tiny_model_dir, regenerate="lookup")
+    plain = make_evaluator(tiny_model_dir, regenerate="plain")
+    model, eos = lookup.loaded.model, lookup.engine.eos_token_ids
+    for request in humaneval_requests:
+        prompts = lookup.prompts(request)
+        reference = naive_greedy(model, prompts[-1], eos, MAX_NEW_TOKENS)
+        stream = lookup.engine.stream(prompts)
+        assert stream.final.answer == reference, request.request_id
+        assert lookup.engine.lookup_baseline(prompts[-1]).answer == reference
+        plain_stream = plain.engine.stream(prompts)
+        for with_lookup, without in zip(stream.steps, plain_stream.steps):
+            assert with_lookup.answer == without.answer and with_lookup.accepted == without.accepted
+            assert with_lookup.forwards <= without.forwards
+    outcomes = lookup.engine.proposals
+    assert outcomes["full"] and outcomes["partial"] and outcomes["wrong"], outcomes
+
+
+@pytest.mark.parametrize("acceptance", ["greedy", "threshold:0.05"])
+def test_counts_computed_from_tokens_equal_the_counts_executed(tiny_model_dir, humaneval_requests, acceptance):
+    """Every update of the step-by-step engine against `update_cost` on its tokens,
+    and the fast path's records against the step-by-step engine's, per request."""
+    stepwise = make_evaluator(tiny_model_dir, acceptance, engine="stepwise", regenerate="lookup")
+    fast = make_evaluator(tiny_model_dir, acceptance, engine="fast", regenerate="lookup")
+    fast.config.fast_batch_size = 12 if acceptance == "greedy" else 4
+    engine, eos = stepwise.engine, stepwise.engine.eos_token_ids
+    for request in humaneval_requests:
+        prompts = stepwise.prompts(request)
+        stream = engine.stream(prompts)
+        held: list[int] = []
+        earlier: list[list[int]] = []
+        for prompt_ids, step in zip(prompts, stream.steps):
+            assert step.forwards == update_cost(held, step.answer, step.accepted, earlier, prompt_ids, stepwise.decode, eos)
+            if held:
+                earlier.insert(0, held)
+            held = step.answer
+    compared = ("stream_answer", "draft_tokens", "accepted_tokens", "identical", "baseline_forwards",
+                "residual_forwards", "drafting_forwards", "lookup_baseline_forwards")
+    fast_records = [r for group in fast.request_groups(humaneval_requests) for r in fast.evaluate_many(group)]
+    assert len(fast.request_groups(humaneval_requests)) > 1
+    for request, fast_record in zip(humaneval_requests, fast_records):
+        slow_record = stepwise.evaluate(request)
+        assert {k: slow_record[k] for k in compared} == {k: fast_record[k] for k in compared}, request.request_id
+        assert fast_record["lookup_baseline_identical"]
+
+
+def test_threshold_acceptance_is_unchanged_by_lookup_regeneration(tiny_qwen3_dir, humaneval_requests):
+    lookup = make_evaluator(tiny_qwen3_dir, "threshold:0.05", regenerate="lookup")
+    plain = make_evaluator(tiny_qwen3_dir, "threshold:0.05", regenerate="plain")
+    kept = Counter()
+    for request in humaneval_requests:
+        prompts = lookup.prompts(request)
+        with_lookup, without = lookup.engine.stream(prompts), plain.engine.stream(prompts)
+        assert [(s.answer, s.accepted) for s in with_lookup.steps] == [(s.answer, s.accepted) for s in without.steps]
+        kept["partial"] += 0 < with_lookup.final.accepted < with_lookup.final.draft_length
+    assert kept["partial"], "no partial acceptance: the case is not exercised"
+
+
+# --------------------------------------------------------------- decode config
+
+
+def test_decode_settings_are_validated_when_the_config_is_built():
+    assert load_config(EvalConfig, ["decode.regenerate=plain"]).decode.lookup is None
+    assert load_config(EvalConfig, []).decode.lookup == LookupPolicy(3, 10, "first")
+    for bad, message in [("decode.regenerate=sometimes", "plain, lookup"),
+                         ("decode.engine=refusion", "decode.regenerate=plain"),
+                         ("decode.lookup_block=0", "lookup_block"),
+                         ("decode.lookup_occurrence=middle", "first, last"),
+                         ("decode.max_new_tokens=0", "max_new_tokens"),
+                         ("decode.acceptance=bogus", "threshold:TAU")]:
+        with pytest.raises(ValueError, match=message):
+            load_config(EvalConfig, [bad])
+    with pytest.raises(RecipeError, match="did you mean decode.acceptance"):
+        load_config(EvalConfig, ["acceptance=greedy"])
+
+
+def test_a_plain_results_dir_from_before_regenerate_existed_is_not_resumed_as_lookup(tiny_qwen3_dir, tmp_path):
+    import json
+
+    from eval.runner import run_evaluation
+
+    config = EvalConfig(model=str(tiny_qwen3_dir), output_dir=str(tmp_path), limit=1,
+                        decode=DecodeSpec(max_new_tokens=8, regenerate="plain"))
+    run_evaluation(config)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["regenerate"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert run_evaluation(config)["requests"] == 1
+    with pytest.raises(ValueError, match="regenerate: 'plain' -> 'lookup'"):
+        run_evaluation(EvalConfig(model=str(tiny_qwen3_dir), output_dir=str(tmp_path), limit=1,
+                                  decode=DecodeSpec(max_new_tokens=8)))
+
+
+# ------------------------------------------------------------------- SmolLM2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("acceptance", ["greedy", "threshold:0.9"])
+def test_smollm2_fast_path_counts_equal_the_executed_counts(acceptance):
+    """The real model, 3 HumanEval requests, 48 tokens: the fast path's computed
+    drafting and residual forwards equal the step-by-step engine's executed ones."""
+    loaded = load_model("smollm2", device="cpu")
+    decode = DecodeSpec(acceptance=acceptance, max_new_tokens=48)
+    requests = get_benchmark("humaneval").load(limit=3)
+    fast = StreamingEvaluator(loaded, EvalConfig(model="smollm2", decode=decode))
+    stepwise = StreamingEvaluator(loaded, EvalConfig(model="smollm2", decode=DecodeSpec(
+        acceptance=acceptance, max_new_tokens=48, engine="stepwise")))
+    compared = ("stream_answer", "accepted_tokens", "residual_forwards", "drafting_forwards", "lookup_baseline_forwards")
+    for fast_record, request in zip(fast.evaluate_many(requests), requests):
+        slow_record = stepwise.evaluate(request)
+        assert {k: slow_record[k] for k in compared} == {k: fast_record[k] for k in compared}, request.request_id
