@@ -69,15 +69,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     overrides = [f"limit={args.limit}", f"output_dir={args.output_dir}"]
     overrides += [f"model={args.model}"] if args.model else []
-    overrides += [f"max_new_tokens={args.max_new_tokens}"] if args.max_new_tokens else []
+    overrides += [f"decode.max_new_tokens={args.max_new_tokens}"] if args.max_new_tokens else []
     config = load_config(EvalConfig, [f"recipe={EVAL_RECIPE}", *overrides])
     if not args.model:
         ensure_trained_model(ROOT / config.model)
     start = time.perf_counter()
     summary = run_evaluation(config)
+    decode = config.decode
     print(f"\n{config.benchmark}, {summary['evaluated']} of {summary['requests']} requests evaluated "
-          f"({time.perf_counter() - start:.0f}s), model {config.model}, {config.acceptance}, "
-          f"slot {config.slot_size}, {config.serial_blocks} blocks, thresholds {config.slot_threshold}/{config.token_threshold}")
+          f"({time.perf_counter() - start:.0f}s), model {config.model}, {decode.acceptance}, "
+          f"slot {decode.slot_size}, {decode.serial_blocks} blocks, thresholds {decode.slot_threshold}/{decode.token_threshold}")
     if summary["evaluated"]:
         print(f"forwards after the final token (median): baseline {summary['forwards_base_median']:g}, "
               f"streamed residual {summary['forwards_stream_median']:g}\n"

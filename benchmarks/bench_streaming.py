@@ -22,6 +22,7 @@ import torch
 
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
+from eval.engines.decode import DecodeSpec
 from eval.reporting.tables import markdown_table
 from eval.runner import StreamingEvaluator, run_evaluation
 from headstart.models import load_model
@@ -34,8 +35,8 @@ def evaluator_cost(loaded, config: EvalConfig, compare: int) -> tuple[Cost, Cost
     """Wall and CPU seconds of the fast path and of the stepwise engine on the same requests.
     CPU seconds (this process) stay meaningful when other jobs share the cores."""
     requests = get_benchmark(config.benchmark).load(compare)
-    fast = StreamingEvaluator(loaded, replace(config, engine="fast"))
-    stepwise = StreamingEvaluator(loaded, replace(config, engine="stepwise"))
+    fast = StreamingEvaluator(loaded, replace(config, decode=replace(config.decode, engine="fast")))
+    stepwise = StreamingEvaluator(loaded, replace(config, decode=replace(config.decode, engine="stepwise")))
     fast.warm_up(requests[0])
     with Cost() as fast_cost:
         fast_records = [r for group in fast.request_groups(requests) for r in fast.evaluate_many(group)]
@@ -77,14 +78,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
-    base = EvalConfig(model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens)
+    base = EvalConfig(model=args.model, limit=args.limit, decode=DecodeSpec(max_new_tokens=args.max_new_tokens))
     # The evaluator's own cost first: it is the shortest part and the one with a target.
     costs = evaluator_cost(loaded, base, args.compare) if args.compare else None
     if costs:
         print(cost_line(args.compare, *costs), flush=True)
     summaries = {}
     for acceptance in ("greedy", "threshold:0.9") if args.limit else ():
-        config = replace(base, acceptance=acceptance,
+        config = replace(base, decode=replace(base.decode, acceptance=acceptance),
                          output_dir=str(Path(args.output_dir) / acceptance.replace(":", "")))
         start = time.perf_counter()
         summaries[f"humaneval {acceptance}"] = run_evaluation(config, loaded)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import torch
 
@@ -31,17 +32,19 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--benchmarks", default="humaneval,mbpp,canitedit,ds1000,coedit,chat")
     parser.add_argument("--acceptances", default="greedy,threshold:0.9")
+    parser.add_argument("--regenerate", default="lookup", choices=("lookup", "plain"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--fast-batch-size", type=int, default=None,
                         help="requests per drafting round under threshold rules (results land per round); default the recipe's")
     parser.add_argument("--report-only", action="store_true",
                         help="rebuild the report from the results written so far (requests every rule finished)")
-    parser.add_argument("--output-dir", default=None, help="default outputs/bench/suite-<limit>-<max_new_tokens>")
+    parser.add_argument("--output-dir", default=None, help="default outputs/bench/suite-<limit>-<max_new_tokens>-<regenerate>")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    output_dir = args.output_dir or f"outputs/bench/suite-{args.limit}-{args.max_new_tokens}"
+    output_dir = args.output_dir or f"outputs/bench/suite-{args.limit}-{args.max_new_tokens}-{args.regenerate}"
     config = load_config(EvalConfig, ["recipe=suite_smollm2"])
-    config.model, config.limit, config.max_new_tokens, config.output_dir = args.model, args.limit, args.max_new_tokens, output_dir
+    config.model, config.limit, config.output_dir = args.model, args.limit, output_dir
+    config.decode = replace(config.decode, max_new_tokens=args.max_new_tokens, regenerate=args.regenerate)
     config.benchmarks = args.benchmarks.split(",")
     config.acceptances = args.acceptances.split(",")
     config.fast_batch_size = args.fast_batch_size or config.fast_batch_size
@@ -51,7 +54,8 @@ def main() -> None:
         return
     start = time.perf_counter()
     run_suite(config, load_model(args.model))
-    print(f"suite: {time.perf_counter() - start:.0f}s, limit={args.limit}, max_new_tokens={args.max_new_tokens}")
+    print(f"suite: {time.perf_counter() - start:.0f}s, limit={args.limit}, max_new_tokens={args.max_new_tokens}, "
+          f"regenerate={args.regenerate}")
 
 
 if __name__ == "__main__":

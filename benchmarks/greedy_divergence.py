@@ -15,15 +15,13 @@ gap would be a bug.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
 from eval.benchmarks import Request, get_benchmark
-from eval.config import EvalConfig
 from eval.engines.base import common_prefix_length
-from eval.runner import StreamingEvaluator, load_records
+from eval.runner import StreamingEvaluator, load_records, saved_config
 from headstart.models import load_model
 
 
@@ -33,8 +31,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    settings = json.loads((args.results_dir / "config.json").read_text())
-    config = EvalConfig(**settings)
+    config = saved_config(args.results_dir)
     differing = [r for r in load_records(args.results_dir / "results.jsonl") if not r["identical"]]
     print(f"{len(differing)} record(s) whose streamed answer differs from the baseline")
     if not differing:

@@ -8,8 +8,8 @@ fence. These loaders rebuild exactly those segments, under the request ids and
 references of the current loaders, so the same benchmark's `score` applies.
 Nothing else may use them: evaluation and training use `headstart.segment`.
 
-    # from the repository root (python -m ..., or PYTHONPATH=.)
-    from benchmarks.legacy_format import legacy_humaneval_requests, legacy_mbpp_requests
+    # from a script in benchmarks/ (bench_faster_answers.py)
+    from legacy_format import legacy_humaneval_requests, legacy_mbpp_requests
     old = legacy_mbpp_requests("../shared/data/mbpp/mbpp.jsonl", limit=40)
 """
 

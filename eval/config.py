@@ -19,6 +19,7 @@ class EvalConfig:
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decoder, acceptance rule, answer length, regeneration mode (eval.engines.decode)."})
     system_prompt: str = field(default="model", metadata={"help": "'model' (the template's own), 'incomplete' (adapted models) or literal text."})
     fast_batch_size: int = field(default=32, metadata={"help": "Fast path batch: prefixes decoded together (greedy), or requests per round (other rules)."})
+    record_tokens: bool = field(default=False, metadata={"help": "Also store each request's drafts D_1..D_{n-1} and both answers as token ids (offline replays, e.g. benchmarks/bench_lookup_policy.py)."})
     sandbox_cpu_seconds: int | None = field(default=None, metadata={"help": "CPU-time limit of each executed program; default the benchmark's own."})
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
     dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ class StreamingEvaluator:
         records = []
         for request, request_prompts, drafting in zip(requests, prompts, self._drafts(prompts)):
             final = final_update(self.engine, request_prompts, drafting)
-            records.append(self._record(request, *self._baselines(request_prompts[-1]), final, drafting.forwards))
+            records.append(self._record(request, *self._baselines(request_prompts[-1]), final, drafting))
         return records
 
     def _drafts(self, prompts: list[list[list[int]]]) -> list[Drafting]:
@@ -92,7 +92,8 @@ class StreamingEvaluator:
     def _evaluate_stepwise(self, request: Request) -> dict[str, Any]:
         prompts = self.prompts(request)
         stream = self.engine.stream(prompts)
-        return self._record(request, *self._baselines(prompts[-1]), stream.final, stream.drafting_forwards)
+        drafting = Drafting([step.answer for step in stream.steps[:-1]], stream.drafting_forwards)
+        return self._record(request, *self._baselines(prompts[-1]), stream.final, drafting)
 
     def request_groups(self, requests: list[Request]) -> list[list[Request]]:
         """Consecutive requests whose drafts fit one fast-path batch (one each when stepwise)."""
@@ -116,7 +117,7 @@ class StreamingEvaluator:
         return self.engine.baseline(prompt_ids), lookup
 
     def _record(self, request: Request, baseline: UpdateResult, lookup: UpdateResult | None,
-                final: UpdateResult, drafting_forwards: int) -> dict[str, Any]:
+                final: UpdateResult, drafting: Drafting) -> dict[str, Any]:
         decode = self.loaded.tokenizer.decode
         base_answer = decode(baseline.answer, skip_special_tokens=True)
         stream_answer = decode(final.answer, skip_special_tokens=True)
@@ -133,12 +134,15 @@ class StreamingEvaluator:
             "identical": baseline.answer == final.answer,
             "baseline_forwards": baseline.forwards,
             "residual_forwards": final.forwards,
-            "drafting_forwards": drafting_forwards,
+            "drafting_forwards": drafting.forwards,
             "baseline_seconds": baseline.seconds,
             "residual_seconds": final.seconds,
             "min_residual_forwards": self.engine.min_residual_forwards,
             "engine": "fast" if self.fast else ("stepwise" if self.decode.engine in AR_ENGINES else self.decode.engine),
         }
+        if self.config.record_tokens:
+            record |= {"draft_token_ids": drafting.drafts, "base_token_ids": baseline.answer,
+                       "stream_token_ids": final.answer}
         if lookup:
             record |= {
                 "lookup_baseline_forwards": lookup.forwards,
@@ -183,15 +187,18 @@ def default_output_dir(config: EvalConfig) -> Path:
     return Path("outputs") / "eval" / f"{config.benchmark}-{model}-{decode.acceptance.replace(':', '')}{decoder}"
 
 
-def run_evaluation(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str, Any]:
-    """Evaluate, appending to results.jsonl; returns the summary (also written)."""
+def run_evaluation(
+    config: EvalConfig, loaded: LoadedModel | None = None, requests: list[Request] | None = None
+) -> dict[str, Any]:
+    """Evaluate, appending to results.jsonl; returns the summary (also written).
+    `requests` replaces the benchmark's first `limit` (scored by the same benchmark)."""
     output_dir = Path(config.output_dir) if config.output_dir else default_output_dir(config)
     output_dir.mkdir(parents=True, exist_ok=True)
     _check_resumable(output_dir, config)
     results_path = output_dir / "results.jsonl"
     records = load_records(results_path)
     benchmark = get_benchmark(config.benchmark, config.data_path, config.sandbox_cpu_seconds)
-    requests = benchmark.load(config.limit)
+    requests = benchmark.load(config.limit) if requests is None else requests
     done = {r["request_id"] for r in records}
     todo = [r for r in requests if r.request_id not in done]
     if todo:
@@ -267,15 +274,27 @@ def result_settings(config: EvalConfig) -> dict[str, Any]:
     return {k: values[k] for k in RESULT_KEYS} | {k: decode[k] for k in config.decode.result_keys()}
 
 
+def saved_settings(output_dir: Path) -> dict[str, Any]:
+    """A results directory's settings (config.json), every setting named: one added
+    after these results were written had its default then (or the value
+    LEGACY_SETTINGS records, where the default has changed since)."""
+    defaults = {f.name: f.default for f in fields(EvalConfig) + fields(DecodeSpec) if f.default is not MISSING}
+    return defaults | LEGACY_SETTINGS | json.loads((output_dir / "config.json").read_text())
+
+
+def saved_config(output_dir: Path) -> EvalConfig:
+    """The evaluation config that wrote a results directory (its number-deciding settings)."""
+    settings = saved_settings(output_dir)
+    decode = DecodeSpec(**{f.name: settings[f.name] for f in fields(DecodeSpec)})
+    return EvalConfig(**{k: settings[k] for k in RESULT_KEYS}, decode=decode, output_dir=str(output_dir))
+
+
 def _check_resumable(output_dir: Path, config: EvalConfig) -> None:
     """Refuse to mix results of different settings in one directory."""
     saved_path = output_dir / "config.json"
     current = result_settings(config)
     if saved_path.exists():
-        # A setting added after these results were written had its default then
-        # (or the value LEGACY_SETTINGS records, where the default has changed since).
-        defaults = {f.name: f.default for f in fields(EvalConfig) + fields(DecodeSpec)}
-        saved = defaults | LEGACY_SETTINGS | json.loads(saved_path.read_text())
+        saved = saved_settings(output_dir)
         changed = {k: (saved[k], v) for k, v in current.items() if saved[k] != v}
         if changed:
             detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())

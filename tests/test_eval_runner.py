@@ -109,6 +109,21 @@ def test_summary_columns_on_a_hand_worked_example():
     assert summary["single_forward_share"] == pytest.approx(1 / 3)
     assert summary["total_cost_mean"] == pytest.approx(((20 + 1) / 10 + (10 + 5) / 10 + (8 + 8) / 8) / 3)
     assert summary["forwards_base_median"] == 10 and summary["forwards_stream_median"] == 5
+    assert "speedup_lookup_forwards_median" not in summary  # plain regeneration: no lookup baseline
+
+
+def test_speedups_against_the_lookup_baseline_on_a_hand_worked_example():
+    lookup = [(4, 1.0, True), (6, 1.0, True), (8, 0.25, False)]  # lookup baseline forwards, seconds, identical
+    records = [record(10, 1, 10, 10, 20, base_s=2.0, res_s=0.5), record(10, 5, 8, 5, 10, base_s=1.0, res_s=2.0),
+               record(8, 8, 6, 0, 8, base_s=1.0, res_s=1.0)]
+    for r, (forwards, seconds, identical) in zip(records, lookup):
+        r |= dict(lookup_baseline_forwards=forwards, lookup_baseline_seconds=seconds, lookup_baseline_identical=identical)
+    summary = summarize(records)
+    assert summary["forwards_lookup_base_median"] == 6
+    assert summary["speedup_lookup_forwards_median"] == pytest.approx(1.2)  # 4x, 1.2x, 1x
+    assert summary["speedup_lookup_forwards_mean"] == pytest.approx((4 + 1.2 + 1) / 3)
+    assert summary["speedup_lookup_wall_median"] == pytest.approx(0.5)  # 2x, 0.5x, 0.25x
+    assert summary["lookup_baseline_identical"] == pytest.approx(2 / 3)
 
 
 def test_extract_code_prefers_the_block_defining_the_entry_point():

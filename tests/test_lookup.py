@@ -105,6 +105,7 @@ def test_counts_computed_from_tokens_equal_the_counts_executed(tiny_model_dir, h
     stepwise = make_evaluator(tiny_model_dir, acceptance, engine="stepwise", regenerate="lookup")
     fast = make_evaluator(tiny_model_dir, acceptance, engine="fast", regenerate="lookup")
     fast.config.fast_batch_size = 12 if acceptance == "greedy" else 4
+    fast.config.record_tokens = stepwise.config.record_tokens = True
     engine, eos = stepwise.engine, stepwise.engine.eos_token_ids
     for request in humaneval_requests:
         prompts = stepwise.prompts(request)
@@ -117,7 +118,8 @@ def test_counts_computed_from_tokens_equal_the_counts_executed(tiny_model_dir, h
                 earlier.insert(0, held)
             held = step.answer
     compared = ("stream_answer", "draft_tokens", "accepted_tokens", "identical", "baseline_forwards",
-                "residual_forwards", "drafting_forwards", "lookup_baseline_forwards")
+                "residual_forwards", "drafting_forwards", "lookup_baseline_forwards", "draft_token_ids",
+                "base_token_ids", "stream_token_ids")
     fast_records = [r for group in fast.request_groups(humaneval_requests) for r in fast.evaluate_many(group)]
     assert len(fast.request_groups(humaneval_requests)) > 1
     for request, fast_record in zip(humaneval_requests, fast_records):

@@ -44,10 +44,27 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         identical_to_baseline=_mean(r["identical"] for r in valid),
     )
     summary["acceptance_partial"] = 1.0 - summary["acceptance_none"] - summary["acceptance_all"]
+    if all("lookup_baseline_forwards" in r for r in valid):
+        summary |= _against_lookup_baseline(valid)
     for name, values in (("forwards", speedup_forwards), ("wall", speedup_wall)):
         for bound in (1.0, 0.9, 0.8):
             summary[f"below_{bound:g}x_{name}"] = _mean(v < bound for v in values)
     return summary
+
+
+def _against_lookup_baseline(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Speedups against the lookup decoder with the request as its only source
+    (`regenerate=lookup`): what streaming adds beyond lookup decoding."""
+    forwards = [r["lookup_baseline_forwards"] / r["residual_forwards"] for r in records]
+    wall = [r["lookup_baseline_seconds"] / r["residual_seconds"] for r in records]
+    return {
+        "forwards_lookup_base_median": statistics.median(r["lookup_baseline_forwards"] for r in records),
+        "speedup_lookup_forwards_mean": _mean(forwards),
+        "speedup_lookup_forwards_median": statistics.median(forwards),
+        "speedup_lookup_wall_mean": _mean(wall),
+        "speedup_lookup_wall_median": statistics.median(wall),
+        "lookup_baseline_identical": _mean(r["lookup_baseline_identical"] for r in records),
+    }
 
 
 def is_skipped(record: dict[str, Any]) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 RECORD_COLUMNS = ("request_id", "n_segments", "base_tokens", "draft_tokens", "accepted_tokens", "baseline_forwards",
                   "residual_forwards", "drafting_forwards", "baseline_seconds", "residual_seconds", "base_score",
-                  "stream_score", "identical")
+                  "stream_score", "identical", "lookup_baseline_forwards", "lookup_baseline_seconds")
 
 
 def wandb_mode(project: str | None) -> str:

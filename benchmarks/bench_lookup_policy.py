@@ -1,0 +1,135 @@
+"""Choose `regenerate=lookup`'s proposal policy by wall clock, not by forwards alone.
+
+    python benchmarks/bench_lookup_policy.py --limit 12 --threads 2
+
+A forward over a block of proposed tokens costs more than a one-token step on a
+CPU, so the block size that saves the most forwards is not the fastest. In one
+run, on the same warm model and the same requests:
+
+1. the cost of one forward against the number of tokens it feeds (1..16) after a
+   cached context of about 300 tokens (median of --repeats calls);
+2. for each policy (block sizes at n-gram 3, first occurrence; then n-gram length
+   and occurrence at one block size), the residual update of each request (its
+   drafts decoded once, greedy, and shared by every policy), timed at batch size 1
+   right after the request's plain greedy baseline: median forward and wall-clock
+   speedup, and forwards per residual.
+
+The drafts are cached under --output-dir, so a rerun only times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from eval.benchmarks import get_benchmark
+from eval.config import EvalConfig
+from eval.engines.decode import DecodeSpec
+from eval.engines.fast_path import Drafting, batched_greedy, final_update
+from eval.reporting.tables import markdown_rows
+from eval.runner import StreamingEvaluator
+from headstart.models import load_model
+
+BLOCKS = (2, 4, 6, 8, 10, 16)
+VARIANTS = ((1, "first"), (2, "first"), (4, "first"), (3, "last"))  # (n-gram, occurrence) at --variant-block
+
+
+def forward_costs(evaluator: StreamingEvaluator, prompt_ids: list[int], widths: range, repeats: int) -> dict[int, float]:
+    """Median seconds of one forward feeding `width` tokens after `prompt_ids` (cached)."""
+    engine = evaluator.engine
+    costs = {}
+    for width in widths:
+        samples = []
+        for _ in range(repeats):
+            state = engine.new_state()
+            engine.forward(state, prompt_ids, phase=None)
+            start = time.perf_counter()
+            engine.forward(state, prompt_ids[-width:], phase=None, logits_to_keep=width)
+            samples.append(time.perf_counter() - start)
+        costs[width] = statistics.median(samples)
+    return costs
+
+
+def cached_drafts(evaluator: StreamingEvaluator, requests, path: Path, batch_size: int) -> dict[str, list[list[int]]]:
+    """Greedy drafts D_1..D_{n-1} of every request (D_i = greedy(S_i)), decoded once."""
+    drafts = json.loads(path.read_text()) if path.exists() else {}
+    todo = [r for r in requests if r.request_id not in drafts]
+    if todo:
+        loaded, decode = evaluator.loaded, evaluator.decode
+        prompts = [p for r in todo for p in evaluator.prompts(r)[:-1]]
+        answers = batched_greedy(loaded.model, prompts, loaded.tokenizer.pad_token_id, evaluator.engine.eos_token_ids,
+                                 decode.max_new_tokens, batch_size)
+        for request in todo:
+            count = len(request.segments) - 1
+            drafts[request.request_id], answers = answers[:count], answers[count:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(drafts))
+    return drafts
+
+
+def time_policies(evaluators: dict[str, StreamingEvaluator], requests, drafts) -> dict[str, dict[str, float]]:
+    """Median speedups of the residual update under each evaluator's policy; each
+    request's baseline is timed right before its residuals, so load changes hit both."""
+    speedups = {name: {"fwd": [], "wall": [], "residual": []} for name in evaluators}
+    baseline_engine = next(iter(evaluators.values())).engine
+    for request in tqdm(requests, desc="timing residuals"):
+        prompts = next(iter(evaluators.values())).prompts(request)
+        baseline = baseline_engine.baseline(prompts[-1])
+        for name, evaluator in evaluators.items():
+            final = final_update(evaluator.engine, prompts, Drafting(drafts[request.request_id], 0))
+            speedups[name]["fwd"].append(baseline.forwards / final.forwards)
+            speedups[name]["wall"].append(baseline.seconds / final.seconds)
+            speedups[name]["residual"].append(final.forwards)
+    return {name: {"fwd": statistics.median(v["fwd"]), "wall": statistics.median(v["wall"]),
+                   "wall_mean": statistics.mean(v["wall"]), "residual": statistics.median(v["residual"])}
+            for name, v in speedups.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--benchmark", default="humaneval")
+    parser.add_argument("--limit", type=int, default=12)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--variant-block", type=int, default=10, help="block size of the n-gram and occurrence variants")
+    parser.add_argument("--output-dir", default="outputs/bench/lookup_policy")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loaded = load_model(args.model)
+    base = EvalConfig(model=args.model, benchmark=args.benchmark, decode=DecodeSpec(max_new_tokens=args.max_new_tokens))
+    requests = get_benchmark(args.benchmark).load(args.limit)
+    plain = StreamingEvaluator(loaded, replace(base, decode=replace(base.decode, regenerate="plain")))
+    plain.warm_up(requests[0])
+
+    costs = forward_costs(plain, plain.prompts(requests[0])[-1][:300], range(1, 17), args.repeats)
+    print(markdown_rows(["tokens fed", "ms per forward", "x one-token step"],
+                        [[str(w), f"{c * 1e3:.1f}", f"{c / costs[1]:.2f}x"] for w, c in costs.items()]), flush=True)
+
+    drafts = cached_drafts(plain, requests, Path(args.output_dir) / f"{args.benchmark}-{args.limit}-drafts.json", 32)
+    policies = [(3, block, "first") for block in BLOCKS] + [(n, args.variant_block, o) for n, o in VARIANTS]
+    evaluators = {("plain", "-", "-"): plain}
+    for ngram, block, occurrence in policies:
+        decode = replace(base.decode, lookup_ngram=ngram, lookup_block=block, lookup_occurrence=occurrence)
+        evaluators[(occurrence, str(ngram), str(block))] = StreamingEvaluator(loaded, replace(base, decode=decode))
+    figures = time_policies(evaluators, requests, drafts)
+    rows = [list(name) + _cells(figures[name]) for name in evaluators]
+    header = ["occurrence", "n-gram", "block", "fwd speedup (med)", "wall speedup (med)", "wall (mean)", "residual fwd (med)"]
+    print(f"\n{args.benchmark}, first {args.limit}, {args.max_new_tokens} tokens, {args.threads} threads\n")
+    print(markdown_rows(header, rows))
+
+
+def _cells(figures: dict[str, float]) -> list[str]:
+    return [f"{figures['fwd']:.2f}x", f"{figures['wall']:.2f}x", f"{figures['wall_mean']:.2f}x", f"{figures['residual']:g}"]
+
+
+if __name__ == "__main__":
+    main()
