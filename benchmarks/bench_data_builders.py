@@ -98,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[50_000, 200_000])
     parser.add_argument("--num-proc", type=int, default=2)
-    parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"), help="benchmark files for decontamination")
+    parser.add_argument("--data-dir", default=str(ROOT / "data"), help="benchmark files for decontamination")
     parser.add_argument("--workdir", default=None, help="where the synthetic inputs go (default: a temp dir)")
     args = parser.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_data_builders-"))

@@ -31,12 +31,13 @@ from headstart.config import find_recipe, load_config
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_RECIPE = "smollm2_refusion"
 EVAL_RECIPE = "humaneval_smollm2_refusion"
-# The data build of the training recipe (its header), from the shared samples, offline.
+# The data build of the training recipe (its header), from the samples vendored in data/, offline.
 DATA_COMMAND = [
     sys.executable, "-m", "data_builders", "recipe=code_prefix_to_answer", "sources=[mbpp,magicoder]",
-    "mbpp.path=../shared/data/mbpp/mbpp.jsonl",
-    "magicoder.path=../shared/data/code_sft/magicoder_oss_instruct_75k_sample500.jsonl",
-    "tokenizer=smollm2", "caps.max_tokens=192", "decontamination.on_missing=skip", "num_proc=2",
+    "mbpp.path=data/mbpp/mbpp.jsonl",
+    "magicoder.path=data/code_sft/magicoder_oss_instruct_75k_sample500.jsonl",
+    "tokenizer=smollm2", "caps.max_tokens=192", "decontamination.on_missing=skip", "decontamination.hub=false",
+    "num_proc=2",
 ]
 TRAIN_COMMAND = ["accelerate", "launch", "train/sft.py", f"recipe={TRAIN_RECIPE}"]
 

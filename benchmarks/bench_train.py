@@ -30,7 +30,7 @@ from headstart.models import resolve_model_dir  # noqa: E402
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM  # noqa: E402
 from headstart.segment import segment_request  # noqa: E402
 
-MAGICODER = REPO.parent / "shared" / "data" / "code_sft" / "magicoder_oss_instruct_75k_sample500.jsonl"
+MAGICODER = REPO / "data" / "code_sft" / "magicoder_oss_instruct_75k_sample500.jsonl"
 
 
 def dialogues(n: int) -> list[list[dict[str, str]]]:

@@ -10,7 +10,7 @@ Nothing else may use them: evaluation and training use `headstart.segment`.
 
     # from a script in benchmarks/ (bench_faster_answers.py)
     from legacy_format import legacy_humaneval_requests, legacy_mbpp_requests
-    old = legacy_mbpp_requests("../shared/data/mbpp/mbpp.jsonl", limit=40)
+    old = legacy_mbpp_requests("data/mbpp/mbpp.jsonl", limit=40)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from eval.benchmarks import Request, get_benchmark
 from eval.benchmarks.humaneval import INSTRUCTION
-from eval.benchmarks.mbpp import HUB_CONFIG, HUB_ID, SPLIT
+from eval.benchmarks.mbpp import SOURCE
 from eval.benchmarks.sources import read_rows
 from headstart.segment import segment_code, segment_text
 
@@ -34,7 +34,7 @@ def legacy_humaneval_requests(limit: int | None = None) -> list[Request]:
 
 def legacy_mbpp_requests(path: str | None = None, limit: int | None = None) -> list[Request]:
     """MBPP as it was: the asserts in a fence opened by the first and closed by the last."""
-    rows = {f"mbpp/{row['task_id']}": row for row in read_rows(path, HUB_ID, SPLIT, HUB_CONFIG)}
+    rows = {f"mbpp/{row['task_id']}": row for row in read_rows(path, SOURCE)}
     requests = get_benchmark("mbpp", path).load(limit)
     # The original file names the description `text`; the sanitized one `prompt`.
     descriptions = {r.request_id: rows[r.request_id].get("text") or rows[r.request_id].get("prompt") for r in requests}

@@ -113,8 +113,9 @@ def _load_tokenizer(name: str | None) -> Any | None:
 
 def _index(config: BuildConfig, report: Report) -> DecontaminationIndex:
     settings = config.decontamination
+    data_dir = resolve(settings.data_dir) if settings.data_dir else None  # None: the repository's data/
     index, skipped = build_index(
-        settings.benchmarks, resolve(settings.data_dir), settings.extra_files, settings.ngram, settings.on_missing
+        settings.benchmarks, data_dir, settings.extra_files, settings.ngram, settings.on_missing, settings.hub
     )
     report.decontamination = {"ngram": settings.ngram, "texts": index.texts_per_benchmark, "skipped": skipped}
     return index

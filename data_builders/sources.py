@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from headstart.benchmark_registry import DATA
 from headstart.segment import segment_mbpp
 
-MBPP_TRAIN_IDS = range(601, 975)  # the train split of the full MBPP release
+MBPP_TRAIN, MAGICODER = DATA["mbpp_train"], DATA["magicoder"]
+MBPP_TRAIN_IDS = MBPP_TRAIN.ids  # the train split of the full MBPP release (601-974); its test split is evaluated
 
 
 @dataclass
@@ -174,9 +176,9 @@ class SourceInfo:
 SOURCES: dict[str, SourceInfo] = {
     "lmsys": SourceInfo(lmsys, "lmsys/lmsys-chat-1m", None, "train"),
     # the "full" config holds all 974 tasks in train/test/validation/prompt splits
-    "mbpp": SourceInfo(mbpp, "google-research-datasets/mbpp", "full", "train"),
+    "mbpp": SourceInfo(mbpp, MBPP_TRAIN.hub_id, MBPP_TRAIN.hub_config, MBPP_TRAIN.split),
     "magicoder": SourceInfo(
-        _pair_source("magicoder", "problem", "solution", "index"), "ise-uiuc/Magicoder-OSS-Instruct-75K", None, "train"
+        _pair_source("magicoder", "problem", "solution", "index"), MAGICODER.hub_id, MAGICODER.hub_config, MAGICODER.split
     ),
     "evol_codealpaca": SourceInfo(
         _pair_source("evol_codealpaca", "instruction", "output", None), "theblackcat102/evol-codealpaca-v1", None, "train"

@@ -117,12 +117,19 @@ def tiny_model_dir(request, tiny_qwen3_dir, tiny_llama_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_data_dir() -> Path:
-    """The real public data samples beside the checkout (`../shared/data`)."""
-    path = Path(__file__).resolve().parents[2] / "shared" / "data"
-    if not path.is_dir():
-        pytest.skip(f"real data samples not found at {path}")
-    return path
+def data_dir() -> Path:
+    """The real public data vendored in the repository (`data/`, see data/README.md).
+    It is part of every checkout: a missing file is a failure, never a skip."""
+    from headstart.benchmark_registry import DATA_DIR
+
+    assert DATA_DIR.is_dir(), f"the vendored data folder is missing: {DATA_DIR}"
+    return DATA_DIR
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir(data_dir) -> Path:
+    """The former name of `data_dir`, still used by tests/test_sandbox.py."""
+    return data_dir
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Loaders on the real samples (../shared/data) and the schema fixtures:
+"""Loaders on the real data vendored in data/ and the schema fixtures:
 counts, lossless segmentation, the PROTOCOL order, and scoring of known answers."""
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def test_registry_holds_the_six_benchmarks():
 
 # MBPP ---------------------------------------------------------------------------------
 
-def test_mbpp_loads_the_test_split_and_streams_description_then_asserts(shared_data_dir):
-    requests = MBPP(str(shared_data_dir / "mbpp" / "mbpp.jsonl")).load()
+def test_mbpp_loads_the_test_split_and_streams_description_then_asserts(data_dir):
+    requests = MBPP(str(data_dir / "mbpp" / "mbpp.jsonl")).load()
     assert len(requests) == 500
     assert [r.request_id for r in requests[:2]] == ["mbpp/11", "mbpp/12"] and requests[-1].request_id == "mbpp/510"
     first = requests[0]
@@ -49,12 +49,12 @@ def test_mbpp_loads_the_test_split_and_streams_description_then_asserts(shared_d
     assert first.segments[1:] == ['Your code should pass these tests:\nassert remove_Occ("hello","l") == "heo"\n',
                                   'assert remove_Occ("abcda","a") == "bcd"\n', 'assert remove_Occ("PHP","P") == "H"']
     assert "```" not in first.text and first.reference["entry_point"] == "remove_Occ"
-    assert len(MBPP(str(shared_data_dir / "mbpp" / "sanitized-mbpp.json")).load()) == 257
-    assert len(MBPP(str(shared_data_dir / "mbpp" / "mbpp.jsonl")).load(limit=7)) == 7
+    assert len(MBPP(str(data_dir / "mbpp" / "sanitized-mbpp.json")).load()) == 257
+    assert len(MBPP(str(data_dir / "mbpp" / "mbpp.jsonl")).load(limit=7)) == 7
 
 
-def test_mbpp_scores_the_reference_solution_as_a_pass(shared_data_dir):
-    path = shared_data_dir / "mbpp" / "mbpp.jsonl"
+def test_mbpp_scores_the_reference_solution_as_a_pass(data_dir):
+    path = data_dir / "mbpp" / "mbpp.jsonl"
     solutions = {row["task_id"]: row["code"] for row in rows(path)}
     benchmark = MBPP(str(path))
     request = benchmark.load(limit=1)[0]
@@ -65,8 +65,8 @@ def test_mbpp_scores_the_reference_solution_as_a_pass(shared_data_dir):
 
 # CanItEdit ----------------------------------------------------------------------------
 
-def test_canitedit_streams_the_program_first_and_the_instruction_last(shared_data_dir):
-    path = shared_data_dir / "canitedit" / "canitedit.jsonl"
+def test_canitedit_streams_the_program_first_and_the_instruction_last(data_dir):
+    path = data_dir / "canitedit" / "canitedit.jsonl"
     requests = CanItEdit(str(path)).load()
     assert len(requests) == 105
     source = {f"canitedit/{row['full_name']}": row for row in rows(path)}
@@ -79,8 +79,8 @@ def test_canitedit_streams_the_program_first_and_the_instruction_last(shared_dat
     assert lazy.text.endswith(source[lazy.request_id]["instruction_lazy"].strip())
 
 
-def test_canitedit_passes_the_edited_program_and_fails_the_original(shared_data_dir):
-    path = shared_data_dir / "canitedit" / "canitedit.jsonl"
+def test_canitedit_passes_the_edited_program_and_fails_the_original(data_dir):
+    path = data_dir / "canitedit" / "canitedit.jsonl"
     benchmark = CanItEdit(str(path))
     request = benchmark.load(limit=1)[0]
     row = rows(path)[0]
@@ -88,8 +88,8 @@ def test_canitedit_passes_the_edited_program_and_fails_the_original(shared_data_
     assert not benchmark.score(request, fenced(row["before"])).passed
 
 
-def test_canitedit_skips_problems_whose_libraries_are_missing(shared_data_dir):
-    benchmark = CanItEdit(str(shared_data_dir / "canitedit" / "canitedit.jsonl"))
+def test_canitedit_skips_problems_whose_libraries_are_missing(data_dir):
+    benchmark = CanItEdit(str(data_dir / "canitedit" / "canitedit.jsonl"))
     z3 = [r for r in benchmark.load() if "z3" in imported_modules(r.reference["before"] + "\n" + r.reference["tests"])]
     assert z3
     score = benchmark.score(z3[0], fenced(z3[0].reference["before"]))
@@ -99,8 +99,8 @@ def test_canitedit_skips_problems_whose_libraries_are_missing(shared_data_dir):
 
 # DS-1000 ------------------------------------------------------------------------------
 
-def test_ds1000_loads_all_problems_losslessly(shared_data_dir):
-    path = shared_data_dir / "ds1000" / "ds1000.jsonl.gz"
+def test_ds1000_loads_all_problems_losslessly(data_dir):
+    path = data_dir / "ds1000" / "ds1000.jsonl.gz"
     requests = DS1000(str(path)).load()
     assert len(requests) == 1000
     libraries = {}
@@ -122,8 +122,8 @@ def test_ds1000_code_blocks_are_whole_segments_with_their_tags():
     assert segment_ds1000(scaffold)[-1] == "<code>\nimport numpy as np\n\n\ndef f(a):\n    ### BEGIN SOLUTION"
 
 
-def test_ds1000_official_execution_passes_the_reference_and_fails_a_wrong_answer(shared_data_dir):
-    benchmark = DS1000(str(shared_data_dir / "ds1000" / "ds1000.jsonl.gz"))
+def test_ds1000_official_execution_passes_the_reference_and_fails_a_wrong_answer(data_dir):
+    benchmark = DS1000(str(data_dir / "ds1000" / "ds1000.jsonl.gz"))
     request = benchmark.load(limit=1)[0]  # a Pandas problem
     reference = request.reference["reference_code"]
     assert benchmark.score(request, f"<code>\n{reference}\n</code>\nEND SOLUTION").passed
@@ -131,8 +131,8 @@ def test_ds1000_official_execution_passes_the_reference_and_fails_a_wrong_answer
     assert not benchmark.score(request, "result = df\n").passed
 
 
-def test_ds1000_reports_problems_of_missing_libraries_as_skipped(shared_data_dir):
-    benchmark = DS1000(str(shared_data_dir / "ds1000" / "ds1000.jsonl.gz"))
+def test_ds1000_reports_problems_of_missing_libraries_as_skipped(data_dir):
+    benchmark = DS1000(str(data_dir / "ds1000" / "ds1000.jsonl.gz"))
     tensorflow = next(r for r in benchmark.load() if r.reference["library"] == "Tensorflow")
     score = benchmark.score(tensorflow, tensorflow.reference["reference_code"])
     if installed("tensorflow"):
@@ -167,9 +167,9 @@ def test_coedit_scores_token_f1_of_the_edited_text():
 
 # Chat ---------------------------------------------------------------------------------
 
-def test_chat_streams_the_final_user_turn_after_the_history(shared_data_dir):
+def test_chat_streams_the_final_user_turn_after_the_history(data_dir):
     ultrachat = FIXTURES / "ultrachat" / "test_sft.jsonl"
-    requests = Chat(f"{ultrachat},{shared_data_dir / 'mt_bench'}").load()
+    requests = Chat(f"{ultrachat},{data_dir / 'mt_bench'}").load()
     by_source = {"ultrachat": [], "mtbench": []}
     for request in requests:
         by_source[request.request_id.split("/")[0]].append(request)
@@ -185,7 +185,7 @@ def test_chat_streams_the_final_user_turn_after_the_history(shared_data_dir):
     assert second_turn.history[1]["content"] == "true."
 
 
-def test_chat_scores_f1_against_the_reference(shared_data_dir):
+def test_chat_scores_f1_against_the_reference(data_dir):
     benchmark = Chat(str(FIXTURES / "ultrachat" / "test_sft.jsonl"))
     request = benchmark.load(limit=1)[0]
     assert benchmark.score(request, request.reference["answer"]).value == 1.0
@@ -210,14 +210,14 @@ def test_missing_files_and_fields_are_clear_errors(tmp_path):
 
 # Round trip ---------------------------------------------------------------------------
 
-def all_requests(shared_data_dir):
-    data = {"mbpp": shared_data_dir / "mbpp" / "mbpp.jsonl", "canitedit": shared_data_dir / "canitedit" / "canitedit.jsonl",
-            "ds1000": shared_data_dir / "ds1000" / "ds1000.jsonl.gz", "coedit": FIXTURES / "coedit" / "validation.jsonl",
-            "chat": f"{FIXTURES / 'ultrachat' / 'test_sft.jsonl'},{shared_data_dir / 'mt_bench'}"}
+def all_requests(data_dir):
+    data = {"mbpp": data_dir / "mbpp" / "mbpp.jsonl", "canitedit": data_dir / "canitedit" / "canitedit.jsonl",
+            "ds1000": data_dir / "ds1000" / "ds1000.jsonl.gz", "coedit": FIXTURES / "coedit" / "validation.jsonl",
+            "chat": f"{FIXTURES / 'ultrachat' / 'test_sft.jsonl'},{data_dir / 'mt_bench'}"}
     return {name: get_benchmark(name, str(path)).load() for name, path in data.items()} | {"humaneval": get_benchmark("humaneval").load()}
 
 
-def source_texts(shared_data_dir) -> dict[str, str]:
+def source_texts(data_dir) -> dict[str, str]:
     """Every request's text by request id, rebuilt here from the raw rows in the
     documented format (not by the loaders), so a loader that drops, adds or
     reorders text fails."""
@@ -225,12 +225,12 @@ def source_texts(shared_data_dir) -> dict[str, str]:
 
     instruction = "Complete the following Python function. Reply with the whole function in a code block.\n\n"
     texts = {task_id: instruction + problem["prompt"] for task_id, problem in read_problems().items()}
-    for row in rows(shared_data_dir / "mbpp" / "mbpp.jsonl"):
+    for row in rows(data_dir / "mbpp" / "mbpp.jsonl"):
         tests = "\n".join(test.strip() for test in row["test_list"])
         texts[f"mbpp/{row['task_id']}"] = f"{row['text'].strip()}\nYour code should pass these tests:\n{tests}"
-    for row in rows(shared_data_dir / "canitedit" / "canitedit.jsonl"):
+    for row in rows(data_dir / "canitedit" / "canitedit.jsonl"):
         texts[f"canitedit/{row['full_name']}"] = f"{row['before'].rstrip()}\n\n{row['instruction_descriptive'].strip()}"
-    for row in rows(shared_data_dir / "ds1000" / "ds1000.jsonl.gz"):
+    for row in rows(data_dir / "ds1000" / "ds1000.jsonl.gz"):
         texts[f"ds1000/{row['metadata']['problem_id']}"] = row["prompt"]
     for row in rows(FIXTURES / "coedit" / "validation.jsonl"):
         instruction, _, text = row["src"].partition(":")
@@ -240,7 +240,7 @@ def source_texts(shared_data_dir) -> dict[str, str]:
         last = max(i for i in range(len(messages) - 1)
                    if messages[i]["role"] == "user" and messages[i + 1]["role"] == "assistant")
         texts[f"ultrachat/{row['prompt_id'][:12]}"] = messages[last]["content"]
-    for row in rows(shared_data_dir / "mt_bench" / "question.jsonl"):
+    for row in rows(data_dir / "mt_bench" / "question.jsonl"):
         for number, turn in enumerate(row["turns"], 1):
             texts[f"mtbench/{row['question_id']}-{number}"] = turn
     return texts
@@ -255,9 +255,9 @@ def open_markup(text: str) -> list[str]:
     return opened + (["<code>"] if text.count("<code>") > text.count("</code>") else [])
 
 
-def test_every_request_is_streamable_and_its_segments_rebuild_it(shared_data_dir):
-    expected = source_texts(shared_data_dir)
-    for name, requests in all_requests(shared_data_dir).items():
+def test_every_request_is_streamable_and_its_segments_rebuild_it(data_dir):
+    expected = source_texts(data_dir)
+    for name, requests in all_requests(data_dir).items():
         assert requests, name
         assert len({r.request_id for r in requests}) == len(requests), name
         for request in requests:
@@ -265,12 +265,12 @@ def test_every_request_is_streamable_and_its_segments_rebuild_it(shared_data_dir
             assert "".join(request.segments) == expected[request.request_id], request.request_id
 
 
-def test_every_partial_request_is_a_true_prefix_with_no_open_markup(shared_data_dir):
+def test_every_partial_request_is_a_true_prefix_with_no_open_markup(data_dir):
     """PROTOCOL.md: each S_i (i < n) is a byte prefix of S_n and leaves no fence
     or `<code>` tag open (DS-1000's final "<code>\n" is allowed: nothing follows it)."""
-    expected = source_texts(shared_data_dir)
+    expected = source_texts(data_dir)
     checked, failed = {}, {}
-    for name, requests in all_requests(shared_data_dir).items():
+    for name, requests in all_requests(data_dir).items():
         checked[name] = len(requests)
         for request in requests:
             final = expected[request.request_id]

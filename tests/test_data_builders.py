@@ -40,8 +40,8 @@ def tree_bytes(root: Path) -> dict[str, str]:
 # --- segmentation -------------------------------------------------------------------------
 
 
-def test_segment_request_is_lossless_on_real_requests(shared_data_dir):
-    rows = [json.loads(line) for line in (shared_data_dir / "code_sft/magicoder_oss_instruct_75k_sample500.jsonl").open()]
+def test_segment_request_is_lossless_on_real_requests(data_dir):
+    rows = [json.loads(line) for line in (data_dir / "code_sft/magicoder_oss_instruct_75k_sample500.jsonl").open()]
     fenced = 0
     for row in rows:
         segments = segment_request(row["problem"])
@@ -134,17 +134,17 @@ def test_planted_humaneval_prompts_are_caught(tmp_path, lmsys_file, tiny_tokeniz
     assert "conv-0000900" not in ids and "conv-0000901" not in ids
 
 
-def test_index_covers_every_local_benchmark_and_extra_files(tmp_path, shared_data_dir):
+def test_index_covers_every_local_benchmark_and_extra_files(tmp_path, data_dir):
     extra = write_jsonl(tmp_path / "private_eval.jsonl", [{"question": "What is the capital of the planet Zorblax? Answer briefly."}])
     names = ["humaneval", "mbpp_test", "canitedit", "ds1000", "mt_bench", "coedit"]
-    index, skipped = build_index(names, shared_data_dir, [f"{extra}:question"], 13, on_missing="skip")
+    index, skipped = build_index(names, data_dir, [f"{extra}:question"], 13, on_missing="skip", hub=False)
     assert skipped == ["coedit"]
     assert set(index.texts_per_benchmark) == {"humaneval", "mbpp_test", "canitedit", "ds1000", "mt_bench", "file:private_eval.jsonl"}
-    mt_bench = json.loads((shared_data_dir / "mt_bench/question.jsonl").open().readline())["turns"][0]
+    mt_bench = json.loads((data_dir / "mt_bench/question.jsonl").open().readline())["turns"][0]
     assert index.check(mt_bench) == "contaminated_exact"
     assert index.check("what is the capital of the planet   zorblax? answer briefly.") == "contaminated_exact"
-    with pytest.raises(FileNotFoundError, match="coedit"):
-        build_index(["coedit"], shared_data_dir, [], 13, on_missing="error")
+    with pytest.raises(FileNotFoundError, match="coedit: no vendored copy and decontamination.hub=false"):
+        build_index(["coedit"], data_dir, [], 13, on_missing="error", hub=False)
 
 
 def test_embedded_requests_are_disjoint_from_humaneval():
@@ -161,15 +161,15 @@ def test_embedded_requests_are_disjoint_from_humaneval():
 # --- determinism, bad input, errors ----------------------------------------------------------
 
 
-def test_two_builds_give_the_same_bytes(tmp_path, shared_data_dir, tiny_tokenizer_dir):
+def test_two_builds_give_the_same_bytes(tmp_path, data_dir, tiny_tokenizer_dir):
     evol = write_jsonl(tmp_path / "evol.jsonl", evol_codealpaca_rows(30))
     args = [
         "recipe=code_prefix_to_answer",
-        f"mbpp.path={shared_data_dir / 'mbpp/mbpp.jsonl'}",
-        f"magicoder.path={shared_data_dir / 'code_sft/magicoder_oss_instruct_75k_sample500.jsonl'}",
+        f"mbpp.path={data_dir / 'mbpp/mbpp.jsonl'}",
+        f"magicoder.path={data_dir / 'code_sft/magicoder_oss_instruct_75k_sample500.jsonl'}",
         f"evol_codealpaca.path={evol}",
         f"tokenizer={tiny_tokenizer_dir}",
-        f"decontamination.data_dir={shared_data_dir}",
+        f"decontamination.data_dir={data_dir}",
         "decontamination.benchmarks=[humaneval,mbpp_test]",
         "caps.max_pairs=600",
         "num_proc=2",
@@ -236,15 +236,15 @@ def test_bad_keys_and_missing_files_are_named(tmp_path, capsys):
     assert "format=refusion" in capsys.readouterr().err
 
 
-def test_mbpp_training_rows_have_the_benchmark_loaders_segments(tmp_path, shared_data_dir, monkeypatch):
+def test_mbpp_training_rows_have_the_benchmark_loaders_segments(tmp_path, data_dir, monkeypatch):
     """Every prefix built from an MBPP train row (ids 601-974) is the S_i the MBPP
     benchmark loader gives the same row: one function cuts both."""
-    from data_builders.sources import MBPP_TRAIN_IDS
     from eval.benchmarks.mbpp import MBPP
+    from headstart.benchmark_registry import DATA
 
-    path = shared_data_dir / "mbpp/mbpp.jsonl"
+    path = data_dir / "mbpp/mbpp.jsonl"
     output, _ = run(tmp_path, "sources=[mbpp]", f"mbpp.path={path}", "caps.max_tokens=0", "validation_fraction=0.1")
-    monkeypatch.setattr("eval.benchmarks.mbpp.TEST_IDS", MBPP_TRAIN_IDS)  # the loader, pointed at the train rows
+    monkeypatch.setattr("eval.benchmarks.mbpp.SOURCE", DATA["mbpp_train"])  # the loader, pointed at the train rows
     loaded = {r.request_id.removeprefix("mbpp/"): prefixes(r.segments) for r in MBPP(str(path)).load()}
     built: dict[str, list[int]] = {}
     for row in (row for split in load_from_disk(str(output)).values() for row in split):
@@ -254,13 +254,13 @@ def test_mbpp_training_rows_have_the_benchmark_loaders_segments(tmp_path, shared
     assert len(built) > 300 and all(sorted(i) == list(range(1, len(loaded[s]) + 1)) for s, i in built.items())
 
 
-def test_mbpp_requests_match_the_evaluation_format(shared_data_dir):
+def test_mbpp_requests_match_the_evaluation_format(data_dir):
     """Test requests (ids 11-510) are written and cut, for decontamination, by the function eval cuts them with."""
     from data_builders.sources import mbpp_request
     from eval.benchmarks import get_benchmark
     from headstart.segment import segment_mbpp
 
-    path = shared_data_dir / "mbpp/mbpp.jsonl"
+    path = data_dir / "mbpp/mbpp.jsonl"
     rows = {row["task_id"]: row for row in map(json.loads, path.open())}
     for request in get_benchmark("mbpp", str(path)).load(20):
         row = rows[int(request.request_id.split("/")[1])]

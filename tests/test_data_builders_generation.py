@@ -68,12 +68,12 @@ def test_self_distilled_ar_pairs(tmp_path, tiny_qwen3_dir, tiny_tokenizer):
         assert row["messages"][2]["content"] == cached_answer(tmp_path / "out.work", tiny_qwen3_dir, tiny_tokenizer, request, 24)
 
 
-def test_draft_refinement_triples(tmp_path, tiny_llama_dir, tiny_tokenizer, shared_data_dir):
+def test_draft_refinement_triples(tmp_path, tiny_llama_dir, tiny_tokenizer, data_dir):
     args = [
         "recipe=code_draft_refinement",
         f"output_dir={tmp_path / 'out'}",
         f"model={tiny_llama_dir}",
-        f"magicoder.path={shared_data_dir / 'code_sft/magicoder_oss_instruct_75k_sample500.jsonl'}",
+        f"magicoder.path={data_dir / 'code_sft/magicoder_oss_instruct_75k_sample500.jsonl'}",
         "sources=[magicoder]",
         "magicoder.max_rows=40",
         "caps.max_pairs=24",
@@ -87,7 +87,7 @@ def test_draft_refinement_triples(tmp_path, tiny_llama_dir, tiny_tokenizer, shar
     rows = list(data["train"]) + list(data["validation"])
     assert len(rows) == 24
     assert set(data["train"].column_names) >= {"query", "draft", "response", "source_id", "prefix_index"}
-    problems = {str(r["index"]): r for r in map(json.loads, (shared_data_dir / "code_sft/magicoder_oss_instruct_75k_sample500.jsonl").open())}
+    problems = {str(r["index"]): r for r in map(json.loads, (data_dir / "code_sft/magicoder_oss_instruct_75k_sample500.jsonl").open())}
     for row in rows:
         problem = problems[row["source_id"]]
         steps = prefixes(segment_request(problem["problem"]))

@@ -6,13 +6,12 @@ from typing import Any
 
 from eval.benchmarks.base import Request, Score, streamable
 from eval.benchmarks.imports import missing_modules, skipped_detail
-from eval.benchmarks.sources import read_rows, require_fields
+from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import extract_code
 from eval.sandbox import SandboxLimits, run_tests
 from headstart.segment import segment_edit_request
 
-HUB_ID, SPLIT = "nuprl/CanItEdit", "test"
-FIELDS = ("id", "before", "tests", "instruction_descriptive", "instruction_lazy")
+SOURCE = DATA["canitedit"]
 
 
 def canitedit_request_text(before: str, instruction: str) -> str:
@@ -34,8 +33,8 @@ class CanItEdit:
         self.instruction = f"instruction_{instruction}"
 
     def load(self, limit: int | None = None) -> list[Request]:
-        rows = read_rows(self.path, HUB_ID, SPLIT)
-        require_fields(rows, FIELDS, f"CanItEdit {self.path or HUB_ID}")
+        rows = read_rows(self.path, SOURCE)
+        require_fields(rows, SOURCE.schema, f"CanItEdit {self.path or SOURCE.hub_id}")
         requests = streamable([self._request(row) for row in sorted(rows, key=lambda r: int(r["id"]))])
         return requests[:limit] if limit is not None else requests
 

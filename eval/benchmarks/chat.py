@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, streamable
-from eval.benchmarks.sources import read_rows, require_fields
+from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.reporting.metrics import token_f1
+from headstart.benchmark_registry import resolve_path
 from headstart.segment import segment_request
 
-ULTRACHAT_HUB, ULTRACHAT_SPLIT = "HuggingFaceH4/ultrachat_200k", "test_sft"
-MT_BENCH_URL = "https://raw.githubusercontent.com/lm-sys/FastChat/main/fastchat/llm_judge/data/mt_bench/"
-MT_BENCH_QUESTIONS = "question.jsonl"
-MT_BENCH_REFERENCES = "reference_answer/gpt-4.jsonl"
+ULTRACHAT, MT_BENCH, MT_BENCH_REFERENCE = DATA["ultrachat"], DATA["mt_bench"], DATA["mt_bench_reference"]
+# An MT-Bench directory holds the questions and, below it, the reference answers (as in data/mt_bench).
+MT_BENCH_QUESTIONS = Path(MT_BENCH.local).name
+MT_BENCH_REFERENCES = str(Path(MT_BENCH_REFERENCE.local).relative_to(Path(MT_BENCH.local).parent))
 
 
 def dialogue_request(request_id: str, messages: list[dict[str, str]]) -> Request | None:
@@ -73,29 +74,28 @@ class Chat:
             return {"ultrachat": [None], "mt_bench": [None]}
         sources: dict[str, list[str | None]] = {"ultrachat": [], "mt_bench": []}
         for piece in (p.strip() for p in self.path.split(",") if p.strip()):
-            path = Path(piece)
+            path = resolve_path(piece)
             if not path.exists():
-                raise FileNotFoundError(f"chat data not found: {path}")
+                raise FileNotFoundError(f"chat data not found: {piece}")
             is_mt_bench = path.name == MT_BENCH_QUESTIONS or (path / MT_BENCH_QUESTIONS).is_file()
-            sources["mt_bench" if is_mt_bench else "ultrachat"].append(piece)
+            sources["mt_bench" if is_mt_bench else "ultrachat"].append(str(path))
         return sources
 
     def _ultrachat(self, path: str | None) -> list[Request]:
-        rows = read_rows(path, ULTRACHAT_HUB, ULTRACHAT_SPLIT)
-        require_fields(rows, ("prompt_id", "messages"), f"UltraChat {path or ULTRACHAT_HUB}")
+        rows = read_rows(path, ULTRACHAT)
+        require_fields(rows, ULTRACHAT.schema, f"UltraChat {path or ULTRACHAT.hub_id}")
         requests = [dialogue_request(f"ultrachat/{row['prompt_id'][:12]}", row["messages"]) for row in rows]
         return [r for r in requests if r is not None]
 
     def _mt_bench(self, path: str | None) -> list[Request]:
         if path is None:
-            questions = read_rows(None, MT_BENCH_URL + MT_BENCH_QUESTIONS, "train")
-            references = read_rows(None, MT_BENCH_URL + MT_BENCH_REFERENCES, "train")
+            questions, references = read_rows(None, MT_BENCH), read_rows(None, MT_BENCH_REFERENCE)
         else:
             directory = Path(path) if Path(path).is_dir() else Path(path).parent
-            questions = read_rows(directory / MT_BENCH_QUESTIONS, "", "")
-            references = read_rows(directory / MT_BENCH_REFERENCES, "", "")
-        require_fields(questions, ("question_id", "turns"), "MT-Bench questions")
-        require_fields(references, ("question_id", "choices"), "MT-Bench reference answers")
+            questions = read_rows(directory / MT_BENCH_QUESTIONS, MT_BENCH)
+            references = read_rows(directory / MT_BENCH_REFERENCES, MT_BENCH_REFERENCE)
+        require_fields(questions, MT_BENCH.schema, "MT-Bench questions")
+        require_fields(references, MT_BENCH_REFERENCE.schema, "MT-Bench reference answers")
         return mt_bench_requests(questions, references)
 
     def score(self, request: Request, answer: str) -> Score:

@@ -6,13 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, streamable
-from eval.benchmarks.sources import read_rows, require_fields
+from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import extract_text
 from eval.reporting.metrics import token_f1
 from headstart.segment import segment_text
 
-HUB_ID, SPLIT = "grammarly/coedit", "validation"
-FIELDS = ("_id", "src", "tgt")
+SOURCE = DATA["coedit"]
 
 
 def split_source(src: str) -> tuple[str, str]:
@@ -38,8 +37,8 @@ class CoEdIT:
         self.path = path
 
     def load(self, limit: int | None = None) -> list[Request]:
-        rows = read_rows(self.path, HUB_ID, SPLIT)
-        require_fields(rows, FIELDS, f"CoEdIT {self.path or HUB_ID}")
+        rows = read_rows(self.path, SOURCE)
+        require_fields(rows, SOURCE.schema, f"CoEdIT {self.path or SOURCE.hub_id}")
         requests = streamable([self._request(row) for row in rows])
         return requests[:limit] if limit is not None else requests
 

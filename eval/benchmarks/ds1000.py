@@ -12,13 +12,12 @@ from typing import Any
 
 from eval.benchmarks.base import Request, Score, streamable
 from eval.benchmarks.imports import missing_modules, skipped_detail
-from eval.benchmarks.sources import read_rows, require_fields
+from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import ds1000_postprocess
 from eval.sandbox import SandboxLimits, run_tests
 from headstart.segment import segment_ds1000
 
-HUB_ID, SPLIT = "xlang-ai/DS-1000", "test"
-FIELDS = ("prompt", "code_context", "metadata")
+SOURCE = DATA["ds1000"]
 # The official harness allows 120 s per problem; importing torch or TensorFlow
 # maps several GB of address space, hence the larger memory limit.
 DS1000_LIMITS = SandboxLimits(cpu_seconds=60, wall_seconds=120, memory_bytes=16 << 30, max_processes=64)
@@ -44,8 +43,8 @@ class DS1000:
         self.limits = limits
 
     def load(self, limit: int | None = None) -> list[Request]:
-        rows = read_rows(self.path, HUB_ID, SPLIT)
-        require_fields(rows, FIELDS, f"DS-1000 {self.path or HUB_ID}")
+        rows = read_rows(self.path, SOURCE)
+        require_fields(rows, SOURCE.schema, f"DS-1000 {self.path or SOURCE.hub_id}")
         rows = sorted(rows, key=lambda r: int(r["metadata"]["problem_id"]))
         requests = streamable([self._request(row) for row in rows])
         return requests[:limit] if limit is not None else requests

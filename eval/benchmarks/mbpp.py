@@ -1,4 +1,4 @@
-"""MBPP (test split: task ids 11-510), pass@1 on the task's test asserts."""
+"""MBPP (test split: task ids 11-510, `headstart.benchmark_registry`), pass@1 on the task's test asserts."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import re
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, streamable
-from eval.benchmarks.sources import read_rows, require_fields
+from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import extract_code
 from eval.sandbox import SandboxLimits, run_tests
 from headstart.segment import segment_mbpp
 
-HUB_ID, HUB_CONFIG, SPLIT = "google-research-datasets/mbpp", "full", "test"
-TEST_IDS = range(11, 511)
-FIELDS = ("task_id", "test_list")
+# The test split (hub id, config, task ids 11-510): the rows the decontamination filter indexes.
+# The sanitized file (`mbpp_sanitized_test`) numbers its tasks the same way.
+SOURCE = DATA["mbpp_test"]
 
 
 def entry_point(tests: list[str]) -> str | None:
@@ -32,9 +32,9 @@ class MBPP:
         self.limits = limits
 
     def load(self, limit: int | None = None) -> list[Request]:
-        rows = read_rows(self.path, HUB_ID, SPLIT, HUB_CONFIG)
-        require_fields(rows, FIELDS, f"MBPP {self.path or HUB_ID}")
-        requests = [self._request(row) for row in rows if int(row["task_id"]) in TEST_IDS]
+        rows = read_rows(self.path, SOURCE)
+        require_fields(rows, SOURCE.schema, f"MBPP {self.path or SOURCE.hub_id}")
+        requests = [self._request(row) for row in rows if SOURCE.keeps(row)]
         requests = streamable(sorted(requests, key=lambda r: int(r.request_id.split("/")[1])))
         return requests[:limit] if limit is not None else requests
 

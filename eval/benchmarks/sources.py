@@ -1,31 +1,24 @@
-"""Read a benchmark's rows from a local file (tests, CI, offline) or its hub id."""
+"""Read a benchmark's rows from a local file (tests, CI, offline) or its hub id.
+
+Where each benchmark lives (hub id, config, split, the vendored copy, its ids)
+is written once, in `headstart.benchmark_registry`, which the decontamination
+filter of the data builders reads too. A loader given a local file reads only
+that file: no hub lookup, so an offline machine never waits on retries.
+"""
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from headstart.benchmark_registry import DATA, DataSource
+from headstart.benchmark_registry import read_rows as _read_rows
 
-def read_rows(path: str | Path | None, hub_id: str, split: str, hub_config: str | None = None) -> list[dict[str, Any]]:
-    """Rows of `path` (.jsonl, .jsonl.gz, .json array, .parquet), else of the hub dataset."""
-    if path is None:
-        return _hub_rows(hub_id, split, hub_config)
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"benchmark data file not found: {path}")
-    name = path.name
-    if name.endswith(".parquet"):
-        import datasets
 
-        return list(datasets.load_dataset("parquet", data_files=str(path), split="train"))
-    opener = gzip.open if name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        text = handle.read()
-    if name.endswith((".json", ".json.gz")) and text.lstrip().startswith("["):
-        return json.loads(text)
-    return [_parse_line(line, path, number) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+def read_rows(path: str | Path | None, source: DataSource) -> list[dict[str, Any]]:
+    """Rows of `path` (.jsonl, .jsonl.gz, .json array, .parquet), else of `source`'s hub split.
+    A relative `path` is tried from the working directory, then from the project root."""
+    return _read_rows(source, path)
 
 
 def require_fields(rows: Iterable[dict[str, Any]], fields: tuple[str, ...], source: str) -> None:
@@ -36,16 +29,4 @@ def require_fields(rows: Iterable[dict[str, Any]], fields: tuple[str, ...], sour
             raise ValueError(f"{source}: row {index} lacks field(s) {', '.join(missing)}; it has {', '.join(sorted(row))}")
 
 
-def _parse_line(line: str, path: Path, number: int) -> dict[str, Any]:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}:{number}: not a JSON line ({error})") from error
-
-
-def _hub_rows(hub_id: str, split: str, hub_config: str | None) -> list[dict[str, Any]]:
-    import datasets
-
-    if hub_id.startswith(("http://", "https://")):
-        return list(datasets.load_dataset("json", data_files=hub_id, split="train"))
-    return list(datasets.load_dataset(hub_id, hub_config, split=split))
+__all__ = ["DATA", "DataSource", "read_rows", "require_fields"]
