@@ -1,6 +1,7 @@
 """Choose `regenerate=lookup`'s proposal policy by wall clock, not by forwards alone.
 
     python benchmarks/bench_lookup_policy.py --limit 12 --threads 2
+    python benchmarks/bench_lookup_policy.py --limit 40 --drafts-from outputs/bench/faster_answers/humaneval/new_format-plain
 
 A forward over a block of proposed tokens costs more than a one-token step on a
 CPU, so the block size that saves the most forwards is not the fastest. In one
@@ -14,7 +15,8 @@ run, on the same warm model and the same requests:
    right after the request's plain greedy baseline: median forward and wall-clock
    speedup, and forwards per residual.
 
-The drafts are cached under --output-dir, so a rerun only times.
+The drafts are cached under --output-dir, so a rerun only times; --drafts-from
+takes them from an evaluation run with `record_tokens=true` instead.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import Drafting, batched_greedy, final_update
 from eval.reporting.tables import markdown_rows
-from eval.runner import StreamingEvaluator
+from eval.runner import StreamingEvaluator, load_records
 from headstart.models import load_model
 
 BLOCKS = (2, 4, 6, 8, 10, 16)
@@ -55,6 +57,14 @@ def forward_costs(evaluator: StreamingEvaluator, prompt_ids: list[int], widths: 
             samples.append(time.perf_counter() - start)
         costs[width] = statistics.median(samples)
     return costs
+
+
+def recorded_drafts(results_dir: Path) -> dict[str, list[list[int]]]:
+    """The drafts an evaluation run with `record_tokens=true` stored, by request id."""
+    records = load_records(results_dir / "results.jsonl")
+    if records and "draft_token_ids" not in records[0]:
+        raise ValueError(f"{results_dir} was not evaluated with record_tokens=true: it holds no drafts")
+    return {r["request_id"]: r["draft_token_ids"] for r in records}
 
 
 def cached_drafts(evaluator: StreamingEvaluator, requests, path: Path, batch_size: int) -> dict[str, list[list[int]]]:
@@ -102,6 +112,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--variant-block", type=int, default=10, help="block size of the n-gram and occurrence variants")
     parser.add_argument("--output-dir", default="outputs/bench/lookup_policy")
+    parser.add_argument("--drafts-from", default=None,
+                        help="a greedy results dir evaluated with record_tokens=true (same model, benchmark, tokens): its drafts")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)
@@ -114,7 +126,11 @@ def main() -> None:
     print(markdown_rows(["tokens fed", "ms per forward", "x one-token step"],
                         [[str(w), f"{c * 1e3:.1f}", f"{c / costs[1]:.2f}x"] for w, c in costs.items()]), flush=True)
 
-    drafts = cached_drafts(plain, requests, Path(args.output_dir) / f"{args.benchmark}-{args.limit}-drafts.json", 32)
+    if args.drafts_from:
+        drafts = recorded_drafts(Path(args.drafts_from))
+        requests = [r for r in requests if r.request_id in drafts]
+    else:
+        drafts = cached_drafts(plain, requests, Path(args.output_dir) / f"{args.benchmark}-{args.limit}-drafts.json", 32)
     policies = [(3, block, "first") for block in BLOCKS] + [(n, args.variant_block, o) for n, o in VARIANTS]
     evaluators = {("plain", "-", "-"): plain}
     for ngram, block, occurrence in policies:

@@ -49,13 +49,7 @@ class BidirectionalEngine(StreamingEngine):
     """Low-confidence remasking over a buffer of max_new_tokens masks, `steps`
     forwards for a full buffer (proportionally fewer for a shorter residue)."""
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        mask_token_id: int,
-        eos_token_ids: set[int],
-        decode: DecodeSpec,
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, mask_token_id: int, eos_token_ids: set[int], decode: DecodeSpec) -> None:
         super().__init__(model, eos_token_ids, decode)
         self.mask_token_id = mask_token_id
         self.steps = decode.diffusion_steps

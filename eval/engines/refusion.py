@@ -68,13 +68,7 @@ class RefusionEngine(StreamingEngine):
     """Plan-and-infill decoding with draft verification, at batch size 1 (the
     infill rows of one request aside)."""
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        mask_token_id: int,
-        eos_token_ids: set[int],
-        decode: DecodeSpec,
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, mask_token_id: int, eos_token_ids: set[int], decode: DecodeSpec) -> None:
         super().__init__(model, eos_token_ids, decode)
         self.mask_token_id = mask_token_id
         # Block width in slots, fixed by the full buffer; a residual decode after
