@@ -7,7 +7,7 @@ A forward over a block of proposed tokens costs more than a one-token step on a
 CPU, so the block size that saves the most forwards is not the fastest. In one
 run, on the same warm model and the same requests:
 
-1. the cost of one forward against the number of tokens it feeds (1..16) after a
+1. the cost of one forward against the number of tokens it feeds (1 to the largest block + 1) after a
    cached context of about 300 tokens (median of --repeats calls);
 2. for each policy (block sizes at n-gram 3, first occurrence; then n-gram length
    and occurrence at one block size), the residual update of each request (its
@@ -39,7 +39,7 @@ from eval.reporting.tables import markdown_rows
 from eval.runner import StreamingEvaluator, load_records
 from headstart.models import load_model
 
-BLOCKS = (2, 4, 6, 8, 10, 16)
+BLOCKS = (2, 4, 6, 8, 10, 16, 24, 32)
 VARIANTS = ((1, "first"), (2, "first"), (4, "first"), (3, "last"))  # (n-gram, occurrence) at --variant-block
 
 
@@ -122,7 +122,7 @@ def main() -> None:
     plain = StreamingEvaluator(loaded, replace(base, decode=replace(base.decode, regenerate="plain")))
     plain.warm_up(requests[0])
 
-    costs = forward_costs(plain, plain.prompts(requests[0])[-1][:300], range(1, 17), args.repeats)
+    costs = forward_costs(plain, plain.prompts(requests[0])[-1][:300], range(1, max(BLOCKS) + 2), args.repeats)
     print(markdown_rows(["tokens fed", "ms per forward", "x one-token step"],
                         [[str(w), f"{c * 1e3:.1f}", f"{c / costs[1]:.2f}x"] for w, c in costs.items()]), flush=True)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -23,10 +22,10 @@ from data_builders.analyse import analyse_batch
 from data_builders.answers import gather as gather_answers
 from data_builders.answers import has_answer
 from data_builders.card import length_stats
-from data_builders.collect import collect, collect_key
+from data_builders.collect import check_locations, collect, collect_key
 from data_builders.config import BuildConfig
 from data_builders.decontamination import DecontaminationIndex, build_index
-from data_builders.output import save
+from data_builders.output import check_replaceable, open_work_dir, remove_work_dir, save
 from data_builders.pairs import STAT_COLUMNS, expand_batch
 from data_builders.paths import resolve
 from data_builders.report import Report
@@ -78,8 +77,17 @@ def build(config: BuildConfig, command: str = "python -m data_builders") -> Path
     """Run every pass and return the output directory."""
     validate(config)
     output, work = output_paths(config)
+    check_replaceable(output, work)  # before anything is read or written
+    check_locations(config)
     report = Report()
-    requests = collect(config, work, report)
+    created = not work.exists()
+    open_work_dir(work)
+    try:
+        requests = collect(config, work, report)
+    except BaseException:
+        if created:
+            remove_work_dir(work)  # an input refused on reading leaves no trace
+        raise
     tokenizer = _load_tokenizer(tokenizer_name(config))
     index = _index(config, report)
     analysed = _analyse(requests, config, work, index, tokenizer)
@@ -97,9 +105,13 @@ def build(config: BuildConfig, command: str = "python -m data_builders") -> Path
         report.splits["validation"] = {"requests": 0, "rows": 0}
     if tokenizer is not None:
         report.tokens["tokenizer"] = tokenizer_name(config)
+    if not len(splits["train"]):
+        drops = ", ".join(f"{reason} {count}" for reason, count in report.all_drops().most_common()) or "none"
+        raise ValueError(f"no training row is left ({len(requests)} requests read; dropped: {drops}); "
+                         f"nothing written to {output}")
     save(DatasetDict(splits), config, report, output, command)
     if not config.keep_work_dir:
-        shutil.rmtree(work, ignore_errors=True)
+        remove_work_dir(work)
     return output
 
 

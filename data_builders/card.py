@@ -64,12 +64,15 @@ def _funnel(report: Report) -> list[str]:
 
 
 def _drops(report: Report) -> list[str]:
-    out = ["## Dropped, and why", "", "| stage | reason | count | why |", "|---|---|---:|---|"]
+    out = ["## Dropped, and why", "", "| stage | reason | count | why | first rows (line numbers in a .jsonl) |",
+           "|---|---|---:|---|---|"]
     for source, reasons in report.read_drops.items():
-        out += [f"| read {source} | `{r}` | {c} | {explain(r)} |" for r, c in reasons.items()]
-    out += [f"| build | `{r}` | {c} | {explain(r)} |" for r, c in report.drops.items()]
+        rows = report.read_drop_rows.get(source, {})
+        out += [f"| read {source} | `{r}` | {c} | {explain(r)} | {', '.join(map(str, rows.get(r, [])))} |"
+                for r, c in reasons.items()]
+    out += [f"| build | `{r}` | {c} | {explain(r)} | |" for r, c in report.drops.items()]
     if len(out) == 4:
-        out.append("| - | nothing dropped | 0 | |")
+        out.append("| - | nothing dropped | 0 | | |")
     return out + [""]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
@@ -33,6 +34,7 @@ SCHEMA = pa.schema(
     ]
 )
 BATCH_ROWS = 4096
+DROP_ROWS_SHOWN = 5
 # Bump when an adapter's output changes: part of the resume key of pass 1, which
 # stores rendered requests (MBPP's text and segments come from headstart.segment).
 # 2: MBPP asserts bare, no fence.
@@ -63,25 +65,33 @@ def collect(config: BuildConfig, work_dir: Path, report: Report) -> Dataset:
     if arrow.is_file() and stats.is_file():
         saved = json.loads(stats.read_text())
         report.inputs, report.rows_read, report.read_drops = saved["inputs"], saved["rows_read"], saved["read_drops"]
+        report.read_drop_rows = saved.get("read_drop_rows", {})
         return Dataset.from_file(str(arrow))
-    _check_locations(config)
+    check_locations(config)
     work_dir.mkdir(parents=True, exist_ok=True)
     partial = arrow.with_name(arrow.name + ".partial")
-    with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
-        for name in config.sources:
-            _collect_source(config, name, writer, report)
+    try:
+        with pa.OSFile(str(partial), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+            for name in config.sources:
+                _collect_source(config, name, writer, report)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     os.replace(partial, arrow)
-    saved = {"inputs": report.inputs, "rows_read": report.rows_read, "read_drops": report.read_drops}
+    saved = {"inputs": report.inputs, "rows_read": report.rows_read, "read_drops": report.read_drops,
+             "read_drop_rows": report.read_drop_rows}
     stats.write_text(json.dumps(saved, indent=1, sort_keys=True))
     return collect(config, work_dir, report)  # read back: a resumed build then reports identically
 
 
-def _check_locations(config: BuildConfig) -> None:
-    """Fail before any work when a configured file is missing, naming the key."""
+def check_locations(config: BuildConfig) -> None:
+    """Fail before any work when a configured file is missing or empty, naming the key."""
     for name in config.sources:
         spec = source_spec(config, name)
         if spec.path and not resolve(spec.path).is_file():
             raise FileNotFoundError(f"{name}.path: input file not found: {spec.path}")
+        if spec.path and resolve(spec.path).stat().st_size == 0:
+            raise ValueError(f"{name}.path: input file is empty: {spec.path}")
         if not spec.path and not (spec.hub_id or SOURCES[name].hub_id):
             raise ValueError(f"{name}: no {name}.path given and the source has no hub id")
 
@@ -92,15 +102,19 @@ def _collect_source(config: BuildConfig, name: str, writer: pa.ipc.RecordBatchSt
     fingerprint: dict[str, str] = {}
     rows, location = _rows(spec, info, fingerprint)
     drops: Counter = Counter()
+    where: dict[str, list[int]] = {}  # the first rows (line numbers in a .jsonl) of each drop reason
     batch: list[Request] = []
-    read = 0
+    read = kept = 0
     for raw in tqdm(rows, desc=f"read {name}", unit="row", mininterval=1.0):
         read += 1
         result = info.adapter(raw.data, raw.number, limits) if raw.error is None else raw.error
         if isinstance(result, Request):
             batch.append(result)
+            kept += 1
         else:
             drops[result] += 1
+            if len(where.setdefault(result, [])) < DROP_ROWS_SHOWN:
+                where[result].append(raw.number)
         if len(batch) >= BATCH_ROWS:
             _write(writer, batch)
         if spec.max_rows and read >= spec.max_rows:
@@ -108,9 +122,25 @@ def _collect_source(config: BuildConfig, name: str, writer: pa.ipc.RecordBatchSt
     if hasattr(rows, "close"):
         rows.close()  # lets the reader finish the file hash
     _write(writer, batch)
+    label = f"{name}.path {location}" if spec.path else f"{name} ({location})"
+    dropped = ", ".join(f"{reason} x{count} ({_rows_named(where[reason], spec.path)})"
+                        for reason, count in sorted(drops.items(), key=lambda item: (-item[1], item[0])))
+    if not read:
+        raise ValueError(f"{label}: no rows (an empty input)")
+    if not kept:
+        raise ValueError(f"{label}: none of its {read} rows is a usable request: {dropped}")
+    if drops:
+        print(f"note: {label}: {read - kept} of {read} rows dropped: {dropped}", file=sys.stderr)
     report.rows_read[name] = read
     report.read_drops[name] = dict(sorted(drops.items()))
+    report.read_drop_rows[name] = dict(sorted(where.items()))
     report.inputs.append({"source": name, "location": location, **fingerprint})
+
+
+def _rows_named(numbers: list[int], path: str | None) -> str:
+    """'line 7, 9' for a .jsonl file (its line numbers), else 'row 7, 9'."""
+    unit = "line" if path and ".jsonl" in Path(path).name.lower() else "row"
+    return f"{unit}{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
 
 
 def _rows(spec: SourceSpec, info, fingerprint: dict[str, str]) -> tuple[Iterator[RawRow], str]:

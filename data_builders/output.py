@@ -1,7 +1,15 @@
-"""Write a build's output directory atomically: dataset, config, report, card, preview."""
+"""Write a build's output directory atomically: dataset, config, report, card, preview.
+
+The builder replaces only what it wrote. Each output directory holds a marker,
+`.headstart-dataset`, listing its files; a directory without it, or holding a
+file the list does not name (an adapter saved there, notes), is refused, never
+deleted. The work directory gets its own marker (`.headstart-work`), and only
+the builder's own intermediate files are ever removed from it.
+"""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -15,11 +23,113 @@ from data_builders.config import BuildConfig
 from data_builders.report import Report
 
 
+OUTPUT_MARKER = ".headstart-dataset"
+WORK_MARKER = ".headstart-work"
+# What a build writes into its work directory (datasets' map adds shard suffixes and tmp files).
+WORK_FILES = ("requests-*", "analysed-*", "pairs-*", "answers-*", "tmp*")
+MARKED_BY = "python -m data_builders"
+
+
+def _files(directory: Path) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() or p.is_symlink())
+
+
+def _is_work_file(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in WORK_FILES)
+
+
+def foreign_output_files(directory: Path) -> list[str]:
+    """Files of an output directory the builder did not write: every file when it has no
+    marker (it did not create the directory), else those its marker does not list."""
+    if not directory.exists():
+        return []
+    if not directory.is_dir():
+        return [directory.name]
+    present = [f for f in _files(directory) if f != OUTPUT_MARKER]
+    try:
+        marker = json.loads((directory / OUTPUT_MARKER).read_text())
+        written = set(marker["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return present
+    if marker.get("in_progress") and directory.name.endswith(".partial"):
+        return []  # a save killed midway: every file in it is one it was writing
+    return [f for f in present if f not in written]
+
+
+def foreign_work_files(directory: Path) -> list[str]:
+    """Files of a work directory that are not the builder's intermediate files. A work
+    directory without a marker (written before markers existed) is adopted when it holds
+    only such files: its answer cache is worth keeping."""
+    if not directory.exists():
+        return []
+    if not directory.is_dir():
+        return [directory.name]
+    return [f for f in _files(directory) if f != WORK_MARKER and not _is_work_file(f)]
+
+
+def check_replaceable(output: Path, work: Path) -> None:
+    """Refuse, before any work, an output directory (or its .partial/.old siblings) the
+    builder did not create, or one holding a file it did not write, and a work directory
+    holding files that are not its own, naming them. Nothing is deleted."""
+    for directory in (output, output.with_name(output.name + ".partial"), output.with_name(output.name + ".old")):
+        foreign = foreign_output_files(directory)
+        if foreign:
+            marked = (directory / OUTPUT_MARKER).is_file()
+            why = "files the data builders did not write" if marked else f"no {OUTPUT_MARKER} marker: the data builders did not create it"
+            hint = "" if marked or "dataset_dict.json" not in foreign else (
+                "; a dataset built before markers existed is not replaced either: remove it yourself to rebuild it")
+            raise ValueError(f"{directory} holds {_shown(foreign)} ({why}); nothing is deleted: choose another "
+                             f"output_dir, or move the directory away yourself{hint}")
+    foreign = foreign_work_files(work)
+    if foreign:
+        raise ValueError(f"work_dir {work} holds {_shown(foreign)}, not intermediate files of the data builders; "
+                         "nothing is deleted: choose another work_dir, or move them away yourself")
+
+
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def open_work_dir(work: Path) -> None:
+    """Create (or adopt) the work directory and mark it as the builder's."""
+    work.mkdir(parents=True, exist_ok=True)
+    marker = work / WORK_MARKER
+    if not marker.is_file():
+        marker.write_text(json.dumps({"written_by": MARKED_BY, "files": list(WORK_FILES)}) + "\n")
+
+
+def remove_work_dir(work: Path) -> None:
+    """Remove the builder's intermediate files, then the directory if nothing else is left."""
+    if not (work / WORK_MARKER).is_file():
+        return
+    for name in _files(work):
+        if _is_work_file(name):
+            (work / name).unlink()
+    (work / WORK_MARKER).unlink()
+    try:
+        work.rmdir()
+    except OSError:
+        pass  # something else lives there: it stays
+
+
+def _remove_own(directory: Path) -> None:
+    """Delete an output directory of the builder's own, every file of which it wrote."""
+    if not directory.exists():
+        return
+    foreign = foreign_output_files(directory)
+    if foreign:
+        raise ValueError(f"{directory} holds {_shown(foreign)}, which the data builders did not write; nothing is deleted")
+    shutil.rmtree(directory)
+
+
 def save(splits: DatasetDict, config: BuildConfig, report: Report, output: Path, command: str) -> None:
     """Write everything to OUTPUT.partial, then swap it in: a killed build never leaves
-    a half-written dataset where the trainer looks."""
+    a half-written dataset where the trainer looks. The marker goes in first (a killed
+    save leaves a directory the next build may remove) and lists every file at the end."""
     partial = output.with_name(output.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    _remove_own(partial)
+    partial.mkdir(parents=True)
+    (partial / OUTPUT_MARKER).write_text(json.dumps({"written_by": MARKED_BY, "files": [], "in_progress": True}) + "\n")
     splits.save_to_disk(str(partial))
     config_yaml = OmegaConf.to_yaml(OmegaConf.structured(config))
     (partial / "config.yaml").write_text(config_yaml)
@@ -28,9 +138,13 @@ def save(splits: DatasetDict, config: BuildConfig, report: Report, output: Path,
         render_card(config.name, config.format, config.pairs, config.answers, report, config_yaml, command)
     )
     _write_preview(splits["train"], partial / "preview.jsonl", config.preview_rows)
+    written = [f for f in _files(partial) if f != OUTPUT_MARKER]
+    (partial / OUTPUT_MARKER).write_text(json.dumps({"written_by": MARKED_BY, "files": written}, indent=1) + "\n")
     if output.exists():
         stale = output.with_name(output.name + ".old")
-        shutil.rmtree(stale, ignore_errors=True)
+        _remove_own(stale)
+        if foreign_output_files(output):  # checked before the build; checked again before anything moves
+            raise ValueError(f"{output} holds files the data builders did not write; nothing is deleted")
         os.replace(output, stale)
         shutil.rmtree(stale)
     os.replace(partial, output)

@@ -43,6 +43,7 @@ class Report:
     inputs: list[dict] = field(default_factory=list)
     rows_read: dict[str, int] = field(default_factory=dict)
     read_drops: dict[str, dict[str, int]] = field(default_factory=dict)
+    read_drop_rows: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # first rows per reason
     funnel: list[tuple[str, int]] = field(default_factory=list)
     drops: dict[str, int] = field(default_factory=dict)
     decontamination: dict = field(default_factory=dict)

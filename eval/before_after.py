@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval.config import EvalConfig
+from eval.config import EvalConfig, check_limit
 from eval.engines.decode import DecodeSpec
 from eval.reporting.plots import acceptance_bars, speedup_histogram
 from eval.reporting.tables import macro_average, markdown_rows, markdown_table
-from eval.runner import decode_label, load_records, run_evaluation
+from eval.runner import decode_label, load_records, prepare_evaluation, run_evaluation
 from eval.reporting.wandb_report import log_side
 from headstart.config import config_to_dict, dump_config, run_cli
 
@@ -34,7 +34,7 @@ class BeforeAfterConfig:
     adapted: str = field(default="outputs/train/smollm2_prefix/adapter", metadata={"help": "Adapted model: LoRA adapter dir or merged model dir."})
     benchmarks: list[str] = field(default_factory=lambda: ["humaneval"], metadata={"help": "Benchmarks to run on both sides."})
     data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark name, e.g. {mbpp: path}."})
-    limit: int | None = field(default=10, metadata={"help": "Requests per benchmark (first N with n >= 2)."})
+    limit: int | None = field(default=10, metadata={"help": "Requests per benchmark (first N with n >= 2); null: all; 0: check only (both sides' settings, data, models, output dirs), evaluate and write nothing."})
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decode settings of both sides (eval.engines.decode)."})
     system_prompt: str = field(default="incomplete", metadata={"help": "System message for both sides: 'incomplete', 'model' or text."})
     output_dir: str = field(default="outputs/before_after/smollm2", metadata={"help": "Report, figures, per-side results."})
@@ -42,6 +42,9 @@ class BeforeAfterConfig:
     wandb_group: str | None = field(default=None, metadata={"help": "W&B group linking both runs; default the output dir name."})
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available."})
     dtype: str | None = field(default=None, metadata={"help": "Torch dtype; default bf16 on GPU, fp32 on CPU."})
+
+    def __post_init__(self) -> None:
+        check_limit(self.limit)
 
 
 def side_config(config: BeforeAfterConfig, side: str, benchmark: str) -> EvalConfig:
@@ -60,8 +63,20 @@ def side_config(config: BeforeAfterConfig, side: str, benchmark: str) -> EvalCon
 
 
 def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]]]:
-    """Evaluate both sides, write the report; returns summaries[benchmark][side]."""
+    """Evaluate both sides, write the report; returns summaries[benchmark][side].
+    Both sides are checked first (data, base and adapted weights, results already in
+    output_dir: a retrained adapter at the same path is refused, not reused), so a
+    bad setting fails before any model loads or any file is written."""
     output_dir = Path(config.output_dir)
+    unknown = set(config.data_paths) - set(config.benchmarks)
+    if unknown:
+        raise ValueError(f"data_paths names benchmarks not in benchmarks: {', '.join(sorted(unknown))}")
+    for side in ("before", "after"):
+        for benchmark in config.benchmarks:
+            prepare_evaluation(side_config(config, side, benchmark))
+    if config.limit == 0:
+        print(f"limit=0: both sides of {', '.join(config.benchmarks)} checked; nothing evaluated, nothing written")
+        return {}
     output_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, output_dir / "config.yaml")
     summaries: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in config.benchmarks}

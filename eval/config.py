@@ -15,7 +15,7 @@ class EvalConfig:
     adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
     benchmark: str = field(default="humaneval", metadata={"help": "Benchmark name (see eval.benchmarks.BENCHMARKS)."})
     data_path: str | None = field(default=None, metadata={"help": "Local copy of the benchmark data instead of its default source."})
-    limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N requests (with n >= 2 segments)."})
+    limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N requests (with n >= 2 segments); null: all; 0: check only (settings, data, model source, output_dir), evaluate and write nothing."})
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decoder, acceptance rule, answer length, regeneration mode (eval.engines.decode)."})
     system_prompt: str = field(default="model", metadata={"help": "'model' (the template's own), 'incomplete' (adapted models) or literal text."})
     fast_batch_size: int = field(default=32, metadata={"help": "Fast path batch: prefixes decoded together (greedy), or requests per round (other rules)."})
@@ -28,3 +28,13 @@ class EvalConfig:
     acceptances: list[str] = field(default_factory=list, metadata={"help": "Suite: acceptance rules run in turn (empty: just `decode.acceptance`)."})
     report_only: bool = field(default=False, metadata={"help": "Suite: rebuild the report from the results already written (requests every rule has finished); compute nothing."})
     output_dir: str | None = field(default=None, metadata={"help": "Where results.jsonl and summary.json go; default outputs/eval/<benchmark>-<model>-<acceptance>."})
+
+    def __post_init__(self) -> None:
+        check_limit(self.limit)
+
+
+def check_limit(limit: int | None, minimum: int = 1) -> None:
+    """`limit` is null (every request), 0 (check only: nothing evaluated, nothing
+    written) or at least `minimum`; a negative one used to drop the last requests."""
+    if limit is not None and limit != 0 and limit < minimum:
+        raise ValueError(f"limit must be null (every request), 0 (check only) or >= {minimum}, not {limit}")

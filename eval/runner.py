@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import MISSING, fields
+import sys
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from eval.benchmarks import Request, get_benchmark
+from eval.benchmarks import Benchmark, Request, data_fingerprint, get_benchmark
 from eval.config import EvalConfig
 from eval.engines.ar import AREngine
 from eval.engines.base import StreamingEngine, UpdateResult
@@ -23,7 +24,7 @@ from eval.engines.refusion import RefusionEngine
 from eval.reporting.metrics import running_medians, summarize
 from eval.reporting.tables import markdown_table
 from headstart.config import config_to_dict, dump_config
-from headstart.models import LoadedModel, load_model
+from headstart.models import LoadedModel, load_model, weights_fingerprint
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, build_messages, encode_prompt
 from headstart.refusion import mask_token_id
 from headstart.segment import prefixes
@@ -31,8 +32,16 @@ from headstart.segment import prefixes
 # Settings that change the numbers, beside the decode settings' own (DecodeSpec.result_keys):
 # a resumed run must match on all of them.
 RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "system_prompt", "dtype")
-# What results written before a setting existed were made with, where that differs from its default.
-LEGACY_SETTINGS = {"regenerate": "plain"}
+# And what they were computed from, by content: the weights loaded (model and adapter,
+# headstart.models.weights_fingerprint) and the data read (eval.benchmarks.data_fingerprint).
+# The same path holding other weights (a retrained adapter) is other settings.
+FINGERPRINT_KEYS = ("weights_fingerprint", "data_fingerprint")
+# What results written before a setting existed were made with, where that differs from its
+# default. Results written before fingerprints existed were made from unknown bytes (None):
+# they resume with a warning, and their config.json keeps None (it never vouches for them).
+LEGACY_SETTINGS = {"regenerate": "plain", "weights_fingerprint": None, "data_fingerprint": None}
+# What the evaluator writes into a results directory (config.json aside).
+EVALUATOR_FILES = ("results.jsonl", "summary.json", "report.md", "config.yaml")
 
 
 class StreamingEvaluator:
@@ -187,18 +196,55 @@ def default_output_dir(config: EvalConfig) -> Path:
     return Path("outputs") / "eval" / f"{config.benchmark}-{model}-{decode.acceptance.replace(':', '')}{decoder}"
 
 
+@dataclass
+class PreparedRun:
+    """An evaluation checked before anything loads or is written: where it goes, the
+    settings (with fingerprints) config.json records, its benchmark and requests."""
+
+    output_dir: Path
+    settings: dict[str, Any]
+    benchmark: Benchmark
+    requests: list[Request]
+
+
+def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None) -> PreparedRun:
+    """Everything that can be refused, checked before a model loads or a file is written:
+    the benchmark name, its data (read whole: a bad line, a missing field, an empty file
+    or no streamable request is an error), the model and adapter sources (fingerprinted),
+    and the results already in output_dir (same settings, same bytes)."""
+    output_dir = Path(config.output_dir) if config.output_dir else default_output_dir(config)
+    benchmark = get_benchmark(config.benchmark, config.data_path, config.sandbox_cpu_seconds)
+    if requests is None:
+        requests = benchmark.load(None if config.limit == 0 else config.limit)
+    if not requests:
+        source = config.data_path or "its default source"
+        raise ValueError(f"{config.benchmark}: no request with two or more segments in {source}: nothing to evaluate")
+    settings = _check_resumable(output_dir, result_settings(config))
+    return PreparedRun(output_dir, settings, benchmark, requests)
+
+
+def start_results(prepared: PreparedRun, config: EvalConfig) -> None:
+    """Create the results directory and record its settings (after `prepare_evaluation`)."""
+    prepared.output_dir.mkdir(parents=True, exist_ok=True)
+    (prepared.output_dir / "config.json").write_text(json.dumps(prepared.settings, indent=2) + "\n")
+    dump_config(config, prepared.output_dir / "config.yaml")
+
+
 def run_evaluation(
     config: EvalConfig, loaded: LoadedModel | None = None, requests: list[Request] | None = None
 ) -> dict[str, Any]:
     """Evaluate, appending to results.jsonl; returns the summary (also written).
-    `requests` replaces the benchmark's first `limit` (scored by the same benchmark)."""
-    output_dir = Path(config.output_dir) if config.output_dir else default_output_dir(config)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    _check_resumable(output_dir, config)
+    `requests` replaces the benchmark's first `limit` (scored by the same benchmark).
+    With limit=0 it only checks (`prepare_evaluation`): nothing loads, nothing is written."""
+    prepared = prepare_evaluation(config, requests)
+    if config.limit == 0:
+        print(f"limit=0: {config.benchmark} checked ({len(prepared.requests)} requests, model and data found, "
+              f"{prepared.output_dir} resumable); nothing evaluated, nothing written")
+        return {}
+    start_results(prepared, config)
+    output_dir, benchmark, requests = prepared.output_dir, prepared.benchmark, prepared.requests
     results_path = output_dir / "results.jsonl"
     records = load_records(results_path)
-    benchmark = get_benchmark(config.benchmark, config.data_path, config.sandbox_cpu_seconds)
-    requests = benchmark.load(config.limit) if requests is None else requests
     done = {r["request_id"] for r in records}
     todo = [r for r in requests if r.request_id not in done]
     if todo:
@@ -219,7 +265,7 @@ def run_evaluation(
         progress.close()
     wanted = {r.request_id for r in requests}
     summary = summarize([r for r in records if r["request_id"] in wanted])
-    summary |= summary_labels(config)
+    summary |= summary_labels(config) | {key: prepared.settings[key] for key in FINGERPRINT_KEYS}
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     table = markdown_table({config.benchmark: summary})
     (output_dir / "report.md").write_text(f"# Streaming evaluation ({decode_label(config.decode)})\n\n{table}\n")
@@ -246,17 +292,19 @@ def _scores(benchmark, request: Request, record: dict[str, Any]) -> dict[str, An
 
 
 def load_records(path: Path) -> list[dict[str, Any]]:
-    """Finished records; a line cut short by a crash is dropped and rewritten away."""
+    """Finished records. The last line, cut short by a crash mid-write, is dropped and
+    rewritten away; a bad line anywhere else is damage, an error naming it."""
     if not path.exists():
         return []
-    records, intact = [], True
-    for line in path.read_text().splitlines():
+    lines = path.read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
-            intact = False
-    if not intact:
-        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        except json.JSONDecodeError as error:
+            if number < len(lines):
+                raise ValueError(f"{path}:{number}: not a JSON record ({error}); the results file is damaged") from error
+            path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return records
 
 
@@ -268,10 +316,15 @@ def _append(path: Path, record: dict[str, Any]) -> None:
 
 
 def result_settings(config: EvalConfig) -> dict[str, Any]:
-    """The settings that decide the numbers, flat (config.json of a results directory)."""
+    """The settings that decide the numbers, flat, and the fingerprints of the weights and
+    data (config.json of a results directory). Fails when the model, adapter or data is absent."""
     values = config_to_dict(config)
     decode = values.pop("decode")
-    return {k: values[k] for k in RESULT_KEYS} | {k: decode[k] for k in config.decode.result_keys()}
+    settings = {k: values[k] for k in RESULT_KEYS} | {k: decode[k] for k in config.decode.result_keys()}
+    return settings | {
+        "weights_fingerprint": weights_fingerprint(config.model, config.adapter),
+        "data_fingerprint": data_fingerprint(config.benchmark, config.data_path),
+    }
 
 
 def saved_settings(output_dir: Path) -> dict[str, Any]:
@@ -279,7 +332,12 @@ def saved_settings(output_dir: Path) -> dict[str, Any]:
     after these results were written had its default then (or the value
     LEGACY_SETTINGS records, where the default has changed since)."""
     defaults = {f.name: f.default for f in fields(EvalConfig) + fields(DecodeSpec) if f.default is not MISSING}
-    return defaults | LEGACY_SETTINGS | json.loads((output_dir / "config.json").read_text())
+    path = output_dir / "config.json"
+    try:
+        saved = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not JSON ({error}); the settings of these results are unknown") from error
+    return defaults | LEGACY_SETTINGS | saved
 
 
 def saved_config(output_dir: Path) -> EvalConfig:
@@ -289,15 +347,30 @@ def saved_config(output_dir: Path) -> EvalConfig:
     return EvalConfig(**{k: settings[k] for k in RESULT_KEYS}, decode=decode, output_dir=str(output_dir))
 
 
-def _check_resumable(output_dir: Path, config: EvalConfig) -> None:
-    """Refuse to mix results of different settings in one directory."""
-    saved_path = output_dir / "config.json"
-    current = result_settings(config)
-    if saved_path.exists():
-        saved = saved_settings(output_dir)
-        changed = {k: (saved[k], v) for k, v in current.items() if saved[k] != v}
-        if changed:
-            detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
-            raise ValueError(f"{output_dir} holds results of other settings ({detail}); choose another output_dir")
-    saved_path.write_text(json.dumps(current, indent=2) + "\n")
-    dump_config(config, output_dir / "config.yaml")
+def _check_resumable(output_dir: Path, current: dict[str, Any]) -> dict[str, Any]:
+    """Refuse to mix results of different settings, or of other weights or data, in one
+    directory, and to guess the settings of results without their config.json. Reads
+    only; returns the settings config.json is to record."""
+    if not output_dir.exists():
+        return current
+    if not output_dir.is_dir():
+        raise ValueError(f"output_dir {output_dir} is not a directory")
+    if not (output_dir / "config.json").exists():
+        found = [name for name in EVALUATOR_FILES if (output_dir / name).exists()]
+        if found:
+            raise ValueError(f"{output_dir} holds {', '.join(found)} but no config.json: the settings, weights and data "
+                             "of those results are unknown; choose another output_dir")
+        return current
+    saved = saved_settings(output_dir)
+    unrecorded = [k for k in FINGERPRINT_KEYS if saved[k] is None]
+    changed = {k: (saved[k], v) for k, v in current.items() if k not in unrecorded and saved[k] != v}
+    if changed:
+        detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
+        raise ValueError(f"{output_dir} holds results of other settings ({detail}); choose another output_dir "
+                         f"(or move {output_dir} away to compute them again)")
+    results = output_dir / "results.jsonl"
+    if unrecorded and results.exists() and results.stat().st_size:
+        print(f"warning: {output_dir} predates fingerprints ({', '.join(unrecorded)} unrecorded): its results cannot "
+              "be checked against the weights and data of this run", file=sys.stderr)
+        return current | {k: None for k in unrecorded}
+    return current

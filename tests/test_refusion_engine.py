@@ -203,7 +203,7 @@ def test_a_fully_accepted_draft_costs_the_minimum_and_a_rejected_one_the_baselin
     """threshold:0 passes every token: the toy's own answer is not its causal greedy
     answer, so the greedy rule could reject it (a trained ReFusion keeps its own)."""
     loaded, prompts = toy
-    accept_all, reject_all = toy_engine(loaded, "threshold:0"), toy_engine(loaded, "threshold:1.01")
+    accept_all, reject_all = toy_engine(loaded, "threshold:0"), toy_engine(loaded, "threshold:1")
     ended_with_eos = 0
     for request_prompts in prompts:
         prompt = request_prompts[-1]
@@ -234,7 +234,7 @@ def test_draft_in_context_decodes_after_the_prompt_and_the_draft(toy):
         draft = plain.baseline(previous).answer
         context = prompt + (draft[:-1] if draft[-1] == TOY_EOS else draft)
         stripped_eos += draft[-1] == TOY_EOS
-        for acceptance in ("threshold:1.01", "greedy", "threshold:0.00001"):
+        for acceptance in ("threshold:1", "greedy", "threshold:0.00001"):
             engine = toy_engine(loaded, acceptance, refining)
             state = engine.new_state()
             state.draft = draft
@@ -243,6 +243,8 @@ def test_draft_in_context_decodes_after_the_prompt_and_the_draft(toy):
             before = reference.forwards
             assert result.answer == kept + reference.decode(context, kept)
             assert result.forwards == 1 + reference.forwards - before
+            if acceptance == "threshold:1":  # no draft token has probability exactly 1 here: nothing kept
+                assert result.accepted == 0
             partial += 0 < result.accepted < len(draft)
         baseline = toy_engine(loaded, settings=refining).baseline(prompt)
         assert (baseline.answer, baseline.forwards) == (plain.baseline(prompt).answer, plain.baseline(prompt).forwards)

@@ -256,6 +256,7 @@ def test_objective_refusion_through_sft_trains_tokens_resumes_and_saves_loadable
 
     # Resumed from step 2, the run lays out the same batches: same losses, same adapter.
     shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
+    shutil.copy(out / "config.yaml", resumed / "config.yaml")  # a run directory without its recipe is refused
     result = launch(["--num_processes", "1"], ["recipe=smollm2_refusion", *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
     assert f"resuming from {resumed / 'checkpoint-2'}" in result.stdout
     assert step_losses(resumed) == losses

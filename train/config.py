@@ -9,6 +9,7 @@ The defaults are the embedded CPU default (`smollm2_prefix`), so a bare
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 OBJECTIVES = ("sft", "refusion")
 
@@ -115,6 +116,53 @@ class TrainRecipe:
 
 class RecipeValueError(ValueError):
     """A recipe whose keys are valid but whose values cannot work together."""
+
+
+# The keys a run may change when it resumes in its run directory: when it stops, how
+# often it saves, evaluates and logs, where it reports, and what is done after training.
+# Every other key decides what the steps compute (data, model, LoRA, optimiser,
+# schedule, batch, seed, objective): a relaunch that changes one is refused
+# (train/checkpoints.py: check_run_dir), since the trainer would silently continue the
+# saved run (a changed learning rate resumes with the saved one; a finished run runs
+# 0 steps). Changing max_steps extends or shortens the run, and the remaining steps
+# follow the learning-rate schedule of the new max_steps (cosine and warm-up are
+# shares of it), so the result is not what a fresh run of that length gives; the
+# run says so when it resumes.
+RESUMABLE_KEYS = (
+    "training.max_steps",
+    "training.save_steps",
+    "training.save_total_limit",
+    "training.eval_steps",
+    "training.logging_steps",
+    "training.report_to",
+    "training.run_name",
+    "training.output_dir",
+    "training.resume",
+    "training.merge",
+    "training.dataloader_num_workers",  # the sampler and its order stay in the main process
+    "wandb.project",
+    "wandb.entity",
+    "wandb.tags",
+)
+
+
+def recipe_differences(saved: TrainRecipe, recipe: TrainRecipe) -> dict[str, tuple[Any, Any]]:
+    """Keys whose values differ between two recipes, `RESUMABLE_KEYS` aside: {key: (saved, new)}."""
+    from headstart.config import config_to_dict
+
+    old, new = flat_keys(config_to_dict(saved)), flat_keys(config_to_dict(recipe))
+    return {key: (old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys())
+            if key not in RESUMABLE_KEYS and old.get(key) != new.get(key)}
+
+
+def flat_keys(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat |= flat_keys(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def validate(recipe: TrainRecipe) -> TrainRecipe:

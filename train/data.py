@@ -12,6 +12,7 @@ time the very prompt ids it is given at inference, followed by its answer.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
@@ -23,18 +24,22 @@ FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 
 def load_split(path: str, split: str) -> Dataset | None:
-    """One split of a dataset stored anywhere we accept; None when the split is absent."""
+    """One split of a dataset stored anywhere we accept; None when the split is absent.
+    An empty file or split, or a line that is not JSON, is an error naming it."""
     local = Path(path).expanduser()
     if local.suffix in FILE_FORMATS:
         if not local.is_file():
             raise FileNotFoundError(f"data file not found: {path}")
-        # A single file holds one split: it is the training split, there is no other.
-        return load_dataset(FILE_FORMATS[local.suffix], data_files=str(local), split="train") if split == "train" else None
+        if split != "train":
+            return None  # a single file holds one split: it is the training split, there is no other
+        return _nonempty(_load_file(local), path, split)
     if local.is_dir():
-        stored = load_from_disk(str(local))
-        if isinstance(stored, DatasetDict):
-            return stored[split] if split in stored else None
-        return stored if split == "train" else None
+        listing = local / "dataset_dict.json"  # a DatasetDict: each split is read on its own
+        if listing.is_file():
+            if split not in json.loads(listing.read_text()).get("splits", []):
+                return None
+            return _nonempty(_load_saved(local / split, path, split), path, split)
+        return _nonempty(_load_saved(local, path, split), path, split) if split == "train" else None
     if path.startswith((".", "/", "~")) or path.startswith("outputs/"):
         raise FileNotFoundError(f"dataset not found: {path} (build it first, e.g. python -m data_builders)")
     try:
@@ -43,6 +48,91 @@ def load_split(path: str, split: str) -> Dataset | None:
         if "split" in str(error).lower():
             return None
         raise
+
+
+def _load_file(path: Path) -> Dataset:
+    """A .jsonl/.json/.parquet file through `datasets`; its errors (an empty file: a bare
+    StopIteration; a bad line: DatasetGenerationError) become the file and line at fault."""
+    if FILE_FORMATS[path.suffix] == "json" and not _first_line(path):
+        raise ValueError(f"{path}: the file holds no rows (empty)")
+    try:
+        return load_dataset(FILE_FORMATS[path.suffix], data_files=str(path), split="train")
+    except Exception as error:
+        if FILE_FORMATS[path.suffix] == "json":
+            _raise_bad_json_line(path)
+        raise ValueError(f"{path}: cannot be read as a {path.suffix} dataset ({type(error).__name__}: {error})") from error
+
+
+def _first_line(path: Path) -> str:
+    with path.open("rb") as handle:
+        for line in handle:
+            if line.strip():
+                return line.decode("utf-8", errors="replace")
+    return ""
+
+
+def _raise_bad_json_line(path: Path) -> None:
+    """Name the first line of a JSON-lines file that is not a JSON object (a .json array is read whole)."""
+    with path.open("rb") as handle:
+        if _first_line(path).lstrip().startswith("["):
+            try:
+                json.loads(handle.read())
+            except (UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise ValueError(f"{path}: not a JSON array ({error})") from error
+            return
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise ValueError(f"{path}:{number}: not a JSON line ({error})") from error
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{number}: not a JSON object")
+
+
+def _load_saved(directory: Path, path: str, split: str) -> Dataset:
+    """A split written by `save_to_disk`. One without rows has no data file, and
+    `load_from_disk` fails on it (and on the whole DatasetDict) with an IndexError."""
+    state = directory / "state.json"
+    if state.is_file() and not json.loads(state.read_text()).get("_data_files"):
+        raise ValueError(f"{path}: split {split!r} holds no rows")
+    try:
+        stored = load_from_disk(str(directory))
+    except Exception as error:
+        raise ValueError(f"{path}: cannot be read as a saved dataset ({type(error).__name__}: {error})") from error
+    if isinstance(stored, DatasetDict):
+        raise ValueError(f"{directory}: a DatasetDict inside a split directory")
+    return stored
+
+
+def _nonempty(dataset: Dataset, path: str, split: str) -> Dataset:
+    if len(dataset) == 0:
+        raise ValueError(f"{path}: split {split!r} holds no rows")
+    return dataset
+
+
+def check_rows(dataset: Dataset, split: str) -> None:
+    """Every row is a dialogue ending with an assistant answer: a `messages` list of
+    {role, content} turns, or `query` and `response` strings. The error names the row
+    (counting from 1) and the field."""
+    columns = dataset.column_names
+    fields = ("messages",) if "messages" in columns else ("query", "response")
+    for number, row in enumerate(dataset.select_columns(list(fields)), 1):
+        where = f"{split} row {number} (counting from 1)"
+        if fields == ("messages",):
+            messages = row["messages"]
+            if not isinstance(messages, list) or not messages:
+                raise ValueError(f"{where}: field `messages` is missing or empty")
+            for turn in messages:
+                if not isinstance(turn, dict) or not isinstance(turn.get("role"), str) or not isinstance(turn.get("content"), str):
+                    raise ValueError(f"{where}: every turn of `messages` needs a `role` and a `content` string; got {turn!r}")
+            if messages[-1]["role"] != "assistant":
+                raise ValueError(f"{where}: the dialogue must end with an assistant turn (the answer)")
+        else:
+            for name in fields:
+                if not isinstance(row[name], str):
+                    raise ValueError(f"{where}: field `{name}` is missing or not a string")
 
 
 def with_system(messages: list[dict[str, str]], system_message: str) -> list[dict[str, str]]:
@@ -114,6 +204,7 @@ def tokenize_dataset(
         raise ValueError(f"training data needs a `messages` column, or `query` and `response`; found {columns}")
     if "draft" in columns and objective != "refusion":
         raise ValueError("draft-refinement rows (a `draft` column) train with `objective: refusion`")
+    check_rows(dataset, str(dataset.split or "training data"))
     return dataset.map(
         tokenize_parts if objective == "refusion" else tokenize_example,
         fn_kwargs={"tokenizer": tokenizer, "family": family, "system_message": system_message},

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from headstart.config import load_config
+from headstart.config import run_cli
 from headstart.models import load_model
 
 
@@ -33,12 +33,25 @@ def merge_adapter(adapter_dir: str | Path, output_dir: str | Path, dtype: torch.
     return output
 
 
-def main(argv: list[str]) -> None:
-    args = load_config(MergeArgs, argv)
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def run(args: MergeArgs) -> Path:
+    """Check the arguments, then merge; every check runs before the base model loads."""
     if not args.adapter or not args.output:
-        raise SystemExit("usage: python -m train.merge adapter=DIR output=DIR [dtype=float32|bfloat16]")
-    print(merge_adapter(args.adapter, args.output, getattr(torch, args.dtype)))
+        raise ValueError("usage: python -m train.merge adapter=DIR output=DIR [dtype=float32|bfloat16|float16]")
+    if args.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {args.dtype!r}")
+    if not (Path(args.adapter).expanduser() / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"adapter={args.adapter}: not a LoRA adapter directory (no adapter_config.json)")
+    output = merge_adapter(args.adapter, args.output, getattr(torch, args.dtype))
+    print(output)
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(MergeArgs, run, argv)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main())

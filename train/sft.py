@@ -29,11 +29,11 @@ from peft import LoraConfig  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
-from headstart.config import config_to_dict, dump_config, load_config  # noqa: E402
+from headstart.config import cli_main, config_to_dict, dump_config, load_config  # noqa: E402
 from headstart.models import load_tokenizer, resolve_model_dir  # noqa: E402
 from headstart.prompts import detect_family  # noqa: E402
 from headstart.refusion import mask_token_id  # noqa: E402
-from train.checkpoints import CompletenessMarker, StepDelay, last_complete_checkpoint  # noqa: E402
+from train.checkpoints import CompletenessMarker, StepDelay, check_run_dir, last_complete_checkpoint  # noqa: E402
 from train.config import TrainRecipe, accumulation_steps, validate  # noqa: E402
 from train.data import check_fits, load_split, tokenize_dataset  # noqa: E402
 from train.refusion import RefusionCollator, RefusionTrainer, add_trainable_tokens  # noqa: E402
@@ -190,20 +190,24 @@ def save_final(trainer: SFTTrainer, tokenizer, output_dir: Path, recipe: TrainRe
 
 
 def main(argv: list[str]) -> None:
-    # --- Recipe ---------------------------------------------------------------
+    # --- Recipe, and the run it would resume ------------------------------------
     recipe, recipe_name = parse_recipe(argv)
-    state = PartialState(**process_state_kwargs())
     output_dir = Path(recipe.training.output_dir or f"outputs/train/{recipe_name}")
+    changed = check_run_dir(output_dir, recipe)  # another recipe's run is refused, before anything is written
+    state = PartialState(**process_state_kwargs())
+
+    # --- Tokenizer and data (checked before the run directory is written) -------
+    try:
+        model_dir = resolve_model_dir(recipe.model.name_or_path)
+        tokenizer = load_tokenizer(model_dir)
+    except OSError as error:  # transformers' "not a local folder and not a valid model identifier"
+        raise FileNotFoundError(f"model.name_or_path={recipe.model.name_or_path}: {error}") from error
+    train_data, eval_data = load_data(recipe, tokenizer, state)
 
     # --- Run directory and trackers --------------------------------------------
     if state.is_main_process:
         dump_config(recipe, output_dir / "config.yaml")
     configure_trackers(recipe, recipe_name, output_dir)
-
-    # --- Tokenizer and data ----------------------------------------------------
-    model_dir = resolve_model_dir(recipe.model.name_or_path)
-    tokenizer = load_tokenizer(model_dir)
-    train_data, eval_data = load_data(recipe, tokenizer, state)
 
     # --- Model and trainer -----------------------------------------------------
     args = sft_config(recipe, recipe_name, output_dir, state.num_processes, eval_data is not None)
@@ -235,6 +239,11 @@ def main(argv: list[str]) -> None:
         )
         if checkpoint:
             print(f"resuming from {checkpoint}", flush=True)
+            for key, (old, new) in changed.items():
+                print(f"note: {key} {old!r} -> {new!r} on resume", flush=True)
+            if "training.max_steps" in changed:
+                print("note: the remaining steps follow the learning-rate schedule of the new max_steps; the result "
+                      "is not what a fresh run of that length gives", flush=True)
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
 
     # --- Adapter and merged model ----------------------------------------------
@@ -246,4 +255,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main(sys.argv[1:])
+    sys.exit(cli_main(lambda: main(sys.argv[1:])))

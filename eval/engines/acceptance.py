@@ -21,9 +21,15 @@ class AcceptanceRule:
             return cls("greedy")
         if spec.startswith("threshold:"):
             try:
-                return cls("threshold", float(spec.split(":", 1)[1]))
+                tau = float(spec.split(":", 1)[1])
             except ValueError:
-                pass
+                tau = None
+            if tau is not None:
+                # A probability: below 0 every token passes, above 1 none does (nan compares false).
+                if not 0.0 <= tau <= 1.0:
+                    raise ValueError(f"acceptance rule {spec!r}: TAU is a probability, 0 <= TAU <= 1 "
+                                     "(threshold:0 keeps every draft token, threshold:1 only those of probability 1)")
+                return cls("threshold", tau)
         raise ValueError(f"unknown acceptance rule {spec!r}; use 'greedy' or 'threshold:TAU' (e.g. threshold:0.9)")
 
     @property
