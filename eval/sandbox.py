@@ -1,50 +1,105 @@
 """Run model-written programs in a contained subprocess, never in our own process.
 
-Each program gets a fresh temporary directory as its working directory and home,
-closed stdin, and limits on CPU time, wall time, address space, process count
-and file size (which also caps its captured output). When the evaluator runs as
-root, the program additionally runs under a throw-away user id of its own (it
-can neither write outside its directory nor signal our processes, and the
-process limit counts only its own processes) in a fresh network namespace
-(no network) and a mount namespace of its own in which /tmp, /var/tmp, /run/lock and
-/dev/shm are fresh private tmpfs (only its working directory is visible under
-/tmp), so nothing outside its directory can change. After the run every process of that user id is killed, so a
-program that forks and detaches leaves nothing behind.
+Every program runs under bubblewrap (`bwrap`, Debian package `bubblewrap`), which
+gives it new user, IPC, PID, network, UTS and cgroup namespaces, no capabilities,
+no new user namespaces (`--disable-userns`), a session of its own, and a
+read-only root file system that holds only the system directories (/usr, /etc,
+/lib...) and our interpreter's prefixes. Its working directory, home and /tmp
+are one size-capped tmpfs (`max_disk_bytes`, /dev/shm likewise), which is
+where `program.py` is written; it vanishes with the program, so nothing of it is
+ever on the host's disk. SysV IPC objects and POSIX message queues live in the
+program's own IPC namespace and die with it; so does every process it forks
+(PID namespace: when the program's init goes, the kernel kills the rest).
+When the evaluator dies, so does the program: the parent-death signal kills
+bwrap, whose `--die-with-parent` kills the program's init. At the wall limit the
+evaluator kills that init itself (through a pidfd), and it returns only once
+that init is gone, and with it every process of the program.
 
-A program passes only when it exits 0 AND prints a per-run random token that is
-appended after the tests, so `sys.exit(0)` before the asserts is a failure.
+On top of bwrap, by hand: rlimits on CPU time, address space, file size (which
+also caps its output) and process count; closed stdin; stdout and stderr in
+memory files that only the evaluator holds (a program cannot swap them for a
+FIFO or a symlink); a cgroup per program where the machine lets us make one,
+capping the memory and process count of the program as a whole
+(eval/sandbox_cgroup.py; without one, memory is capped per process only). When
+the evaluator runs as root, the program runs under a throw-away user id of its
+own (bwrap then makes its user namespace as that uid); the interpreter's
+prefixes, which that uid may be unable to reach (a 0700 home), are bound for
+bwrap in a private mount namespace. Each evaluator process first sweeps what a
+killed predecessor may have left (its cgroups, processes of its throw-away uids).
+
+Without bwrap, or where it cannot build the sandbox, running a program raises
+`SandboxUnavailable`: a program never runs unsandboxed.
+
+A program passes only when it exits 0 AND the trusted bootstrap that runs it
+reports, over a pipe only the evaluator reads, that the program's code returned
+(`completed`): `sys.exit(0)` before the asserts is a failure. Nothing the program
+can read (its file, argv, environment, working directory, output) holds a
+secret to print. The bootstrap runs in the program's own process, so code that
+deliberately reverse-engineers it (finds the pipe and writes the record) could
+still forge a pass: no check inside that process can prevent that; only tests
+run out of process could.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
-import itertools
+import json
+import logging
 import os
+import platform
 import resource
-import secrets
+import select
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
-CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x1000, 0x4000, 0x40000
-# World-writable places a throw-away uid could still write to: each gets a small
-# private tmpfs in the program's own mount namespace, gone when it exits.
+from eval.sandbox_cgroup import CgroupParent, join as join_cgroup
+
+# Host places a program must never be able to write to (the tests check them).
 SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
-PRIVATE_TMPFS_OPTIONS = b"size=64m,mode=1777"
-PR_SET_KEEPCAPS, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE = 8, 47, 2
-CAP_DAC_READ_SEARCH = 2
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
-_SANDBOX_UID_BASE = 3_000_000
-_uid_counter = itertools.count()
+SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+WORKDIR = "/tmp"  # inside the sandbox: working directory, home and /tmp at once
+# Throw-away uids (root only): BASE + evaluator pid * SLOTS + slot; pids stay below 2**22.
+SANDBOX_UID_BASE, SLOTS, _MAX_PID = 1 << 30, 512, 1 << 22
+# Mount points for the interpreter's prefixes in the private mount namespace (root only).
+PREBIND_DIR = "/run/headstart-sandbox"
+CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE = 0x00020000, 0x1000, 0x4000, 0x40000
+PR_SET_PDEATHSIG = 1
 # Loaded here, not in the forked child: dlopen after fork can deadlock.
 _LIBC = ctypes.CDLL(None, use_errno=True)
+_log = logging.getLogger(__name__)
+
+# Runs inside the sandbox, in the program's process: closes every inherited
+# descriptor but the channel, caps the process count (counted per user
+# namespace since Linux 5.14), says it started, runs program.py as __main__,
+# and says `completed` only when that returned.
+BOOTSTRAP = """\
+import os, resource, runpy, sys
+channel, nproc = int(sys.argv[1]), int(sys.argv[2])
+for fd in [int(name) for name in os.listdir('/proc/self/fd')]:
+    if fd > 2 and fd != channel:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+os.set_inheritable(channel, False)
+if nproc:
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+os.write(channel, b'started\\n')
+sys.argv = ['program.py']
+runpy.run_path('program.py', run_name='__main__')
+os.write(channel, b'completed\\n')
+"""
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot run here (bwrap missing or unable to build it)."""
 
 
 @dataclass(frozen=True)
@@ -53,10 +108,11 @@ class SandboxLimits:
 
     cpu_seconds: int = 10
     wall_seconds: float = 20.0
-    memory_bytes: int = 2 << 30
+    memory_bytes: int = 2 << 30  # the whole program where a cgroup is available, else each process
     max_processes: int = 32
     max_file_bytes: int = 8 << 20
     max_output_bytes: int = 64 << 10
+    max_disk_bytes: int = 128 << 20  # its working directory (= /tmp, home), and /dev/shm
 
 
 @dataclass
@@ -72,141 +128,338 @@ class ExecutionResult:
 
 
 def run_tests(program: str, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
-    """Run `program` (solution + its tests); passed iff it reaches the end and exits 0."""
-    token = secrets.token_hex(16)
-    source = f"{program}\n\nprint({token!r}, flush=True)\n"
-    result = run_program(source, limits)
-    result.passed = result.returncode == 0 and token in result.stdout and result.status != "timeout"
+    """Run `program` (solution + its tests); passed iff its code returned and it exited 0."""
+    result, completed = _run(program, limits)
+    result.passed = completed and result.returncode == 0 and result.status != "timeout"
     result.status = "passed" if result.passed else result.status
     return result
 
 
 def run_many(programs: list[str], limits: SandboxLimits = SandboxLimits(), workers: int | None = None) -> list[ExecutionResult]:
     """`run_tests` over many programs, in parallel across cores, results in order."""
-    workers = workers or os.cpu_count() or 1
+    workers = min(workers or os.cpu_count() or 1, SLOTS)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(lambda program: run_tests(program, limits), programs))
 
 
 def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
     """Execute Python `source` in the sandbox and report how it ended."""
-    workdir = Path(tempfile.mkdtemp(prefix="headstart-sandbox-"))
-    uid = _fresh_uid() if os.geteuid() == 0 else None
+    return _run(source, limits)[0]
+
+
+def bwrap_path() -> str:
+    """The bwrap executable, or SandboxUnavailable saying how to get it."""
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap) is required to run model-written programs and was not found on PATH; "
+            "install it (Debian/Ubuntu: apt-get install bubblewrap, or run scripts/setup.sh as root)")
+    return path
+
+
+def sandbox_uid(evaluator_pid: int, slot: int) -> int:
+    """The throw-away uid of one running program (root only)."""
+    return SANDBOX_UID_BASE + evaluator_pid * SLOTS + slot
+
+
+def sandbox_uid_owner(uid: int) -> int | None:
+    """The evaluator pid a throw-away uid belongs to, or None for any other uid."""
+    if SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + _MAX_PID * SLOTS:
+        return (uid - SANDBOX_UID_BASE) // SLOTS
+    return None
+
+
+def _run(source: str, limits: SandboxLimits) -> tuple[ExecutionResult, bool]:
+    bwrap = bwrap_path()
+    host = _Host.get()
+    slot = host.acquire_slot()
+    cgroup = None
+    fds: list[int] = []
     try:
-        (workdir / "program.py").write_text(source)
-        if uid is not None:
-            os.chown(workdir, uid, uid)
-            os.chown(workdir / "program.py", uid, uid)
-        return _execute(workdir, uid, limits)
+        root = os.geteuid() == 0
+        if host.cgroups is not None:
+            cgroup = host.cgroups.create(slot, limits.memory_bytes, limits.max_processes + 2)
+        source_fd, stdout_fd, stderr_fd = (os.memfd_create(name) for name in ("program", "stdout", "stderr"))
+        channel_r, channel_w = os.pipe()
+        info_r, info_w = os.pipe()
+        fds += [source_fd, stdout_fd, stderr_fd, channel_r, channel_w, info_r, info_w]
+        os.write(source_fd, source.encode("utf-8", errors="surrogateescape"))
+        os.lseek(source_fd, 0, os.SEEK_SET)
+        args = _bwrap_args(bwrap, limits, host.prefix_binds(root), source_fd, channel_w, info_w, _nproc(limits, root))
+        contain = _Contain(
+            uid=sandbox_uid(os.getpid(), slot) if root else None,
+            limits=limits,
+            cgroup_procs=cgroup.procs_files() if cgroup else [],
+            prebinds=host.prebinds() if root else [],
+            parent=os.getpid(),
+        )
+        start = time.monotonic()
+        try:
+            process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=stdout_fd, stderr=stderr_fd, env={},
+                                       pass_fds=(source_fd, channel_w, info_w), start_new_session=True,
+                                       preexec_fn=contain)
+        except (OSError, subprocess.SubprocessError) as error:
+            raise SandboxUnavailable(f"could not start the sandbox: {error}") from error
+        for fd in (channel_w, info_w):
+            os.close(fd)
+            fds.remove(fd)
+        init = _Init(process, info_r, limits.wall_seconds)
+        if init.fd is not None:
+            fds.append(init.fd)
+        timed_out = False
+        try:
+            process.wait(timeout=max(0.0, limits.wall_seconds - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            init.kill()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        _kill_group(process.pid)
+        process.wait()
+        init.wait_gone(timeout=5)
+        seconds = time.monotonic() - start
+        if cgroup is not None:
+            cgroup.destroy()
+            cgroup = None
+        records = _read_channel(channel_r).split(b"\n")
+        stderr = _read_capped(stderr_fd, limits.max_output_bytes)
+        if not timed_out and records[0] != b"started":
+            raise SandboxUnavailable(f"the sandbox did not start (bwrap exit {process.returncode}; a limit too "
+                                     f"small for the interpreter, or no user namespaces here?): {stderr.strip()[-2000:]}")
+        returncode = _normalized(process.returncode)
+        cpu_killed = returncode in (-signal.SIGXCPU, -signal.SIGKILL) and seconds >= limits.cpu_seconds * 0.9
+        result = ExecutionResult(
+            passed=False,
+            status="timeout" if timed_out or cpu_killed else "failed",
+            returncode=None if timed_out else returncode,
+            stdout=_read_capped(stdout_fd, limits.max_output_bytes),
+            stderr=stderr,
+            seconds=seconds,
+        )
+        return result, b"completed" in records[1:]
     finally:
-        if uid is not None:
-            _kill_user(uid)
-        shutil.rmtree(workdir, ignore_errors=True)
+        if cgroup is not None:
+            cgroup.destroy()
+        for fd in fds:
+            os.close(fd)
+        host.release_slot(slot)
 
 
-def _execute(workdir: Path, uid: int | None, limits: SandboxLimits) -> ExecutionResult:
-    stdout_path, stderr_path = workdir / ".stdout", workdir / ".stderr"
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8",
+def _bwrap_args(bwrap: str, limits: SandboxLimits, prefix_binds: list[tuple[str, str]], source_fd: int,
+                channel_fd: int, info_fd: int, nproc: int) -> list[str]:
+    args = [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+            "--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    args += ["--proc", "/proc", "--dev", "/dev",
+             "--size", str(limits.max_disk_bytes), "--tmpfs", WORKDIR,
+             "--size", str(limits.max_disk_bytes), "--tmpfs", "/dev/shm",
+             "--dir", "/var", "--symlink", WORKDIR, "/var/tmp"]
+    for source, target in prefix_binds:
+        args += ["--ro-bind", source, target]
+    args += ["--file", str(source_fd), f"{WORKDIR}/program.py",
+             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
+    env = {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "TMPDIR": WORKDIR, "LANG": "C.UTF-8",
            # One thread per numeric library (programs run in parallel), no display.
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg",
            # As DS-1000's harness: quiet TensorFlow, no GPU for model-written code.
            "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
-    start = time.monotonic()
-    with open(stdout_path, "wb") as stdout, open(stderr_path, "wb") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-I", "program.py"],
-            cwd=workdir,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            env=env,
-            preexec_fn=lambda: _contain(uid, limits, workdir),
-        )
-        timed_out = False
+    for name, value in env.items():
+        args += ["--setenv", name, value]
+    return args + ["--", sys.executable, "-I", "-c", BOOTSTRAP, str(channel_fd), str(nproc)]
+
+
+def _nproc(limits: SandboxLimits, root: bool) -> int:
+    """RLIMIT_NPROC for inside: a throw-away uid counts only its own processes;
+    the evaluator's own uid does so only where the count is per user namespace."""
+    release = tuple(int(part) for part in platform.release().split(".")[:2] if part.isdigit())
+    return limits.max_processes if root or release >= (5, 14) else 0
+
+
+class _Contain:
+    """Runs in the child between fork and exec of bwrap: cgroup and limits
+    first, privileges last, then the parent-death signal (which a change of
+    user id would clear). Raw system calls only."""
+
+    def __init__(self, uid: int | None, limits: SandboxLimits, cgroup_procs: list[bytes],
+                 prebinds: list[tuple[bytes, bytes]], parent: int) -> None:
+        self.uid, self.limits, self.parent = uid, limits, parent
+        self.cgroup_procs, self.prebinds = cgroup_procs, prebinds
+
+    def __call__(self) -> None:
+        limits = self.limits
+        join_cgroup(self.cgroup_procs)
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if self.uid is not None:
+            # bwrap, running as the throw-away uid, resolves its bind sources
+            # itself: bind the interpreter's prefixes where that uid can reach them.
+            if _LIBC.unshare(CLONE_NEWNS) != 0 or _LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+                raise OSError(ctypes.get_errno(), "private mount namespace")
+            for source, target in self.prebinds:
+                if _LIBC.mount(source, target, None, MS_BIND | MS_REC, None) != 0:
+                    raise OSError(ctypes.get_errno(), f"bind {source!r}")
+            os.setgroups([])
+            os.setgid(self.uid)
+            os.setuid(self.uid)
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != self.parent:  # the evaluator died before the signal was armed
+            os._exit(1)
+
+
+class _Host:
+    """Per evaluator process: the cgroup parent, the interpreter's prefixes, the
+    slots of running programs; prepared (and leftovers swept) on first use."""
+
+    _lock = threading.Lock()
+    _instance: _Host | None = None
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.root = os.geteuid() == 0
+        self.free = list(range(SLOTS))
+        self.slot_lock = threading.Lock()
+        self.prefixes = _interpreter_prefixes()
+        if self.root:
+            _sweep_uids()
+            for index in range(len(self.prefixes)):
+                os.makedirs(f"{PREBIND_DIR}/prefix-{index}", mode=0o755, exist_ok=True)
+        self.cgroups = CgroupParent.find()
+        if self.cgroups is not None:
+            self.cgroups.sweep()
+            atexit.register(self.cgroups.remove_own)
+        else:
+            _log.warning("no cgroup to write: each sandboxed process is capped at its memory limit, "
+                         "not the program as a whole")
+
+    @classmethod
+    def get(cls) -> _Host:
+        with cls._lock:
+            if cls._instance is None or cls._instance.pid != os.getpid():
+                cls._instance = _Host()
+            return cls._instance
+
+    def acquire_slot(self) -> int:
+        with self.slot_lock:
+            if not self.free:
+                raise RuntimeError(f"more than {SLOTS} programs at once")
+            return self.free.pop()
+
+    def release_slot(self, slot: int) -> None:
+        with self.slot_lock:
+            self.free.append(slot)
+
+    def prebinds(self) -> list[tuple[bytes, bytes]]:
+        return [(prefix.encode(), f"{PREBIND_DIR}/prefix-{i}".encode()) for i, prefix in enumerate(self.prefixes)]
+
+    def prefix_binds(self, root: bool) -> list[tuple[str, str]]:
+        """bwrap's (source, target) for each prefix: the prebound mount point as root."""
+        return [(f"{PREBIND_DIR}/prefix-{i}" if root else prefix, prefix) for i, prefix in enumerate(self.prefixes)]
+
+
+def _interpreter_prefixes() -> list[str]:
+    """Our interpreter's prefixes outside the system directories, outermost only."""
+    candidates = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    covered = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
+    kept: list[str] = []
+    for prefix in sorted(os.path.realpath(p) for p in candidates if os.path.isdir(p)):
+        if not any(prefix == d or prefix.startswith(d.rstrip("/") + "/") for d in covered + kept):
+            kept.append(prefix)
+    return kept
+
+
+def _sweep_uids() -> None:
+    """Kill processes of throw-away uids whose evaluator is gone (or had our pid)."""
+    for _ in range(20):
+        victims = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                owner = sandbox_uid_owner(os.stat(entry.path).st_uid)
+                if owner is None or (owner != os.getpid() and _alive(owner)):
+                    continue
+                with open(f"{entry.path}/stat") as handle:
+                    if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        continue  # dead already, awaiting its parent
+            except (OSError, IndexError):
+                continue
+            victims.append(int(entry.name))
+        if not victims:
+            return
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Init:
+    """The sandbox's init (bwrap's child, named on --info-fd), held by a pidfd.
+    Its exit ends every other process of the PID namespace (the kernel kills
+    them and waits for them first), so once it is gone nothing of the program
+    runs any more. bwrap itself may exit a moment before it."""
+
+    def __init__(self, process: subprocess.Popen, info_fd: int, timeout: float) -> None:
+        self.fd: int | None = None
+        data, deadline = b"", time.monotonic() + timeout
+        while True:
+            try:
+                child = json.loads(data)["child-pid"]
+                break
+            except (ValueError, KeyError, TypeError):
+                pass
+            ready, _, _ = select.select([info_fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(info_fd, 4096) if ready else b""
+            if not chunk:
+                return  # bwrap failed before it made the sandbox
+            data += chunk
         try:
-            process.wait(timeout=limits.wall_seconds)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        _kill_group(process.pid)
-        process.wait()
-    seconds = time.monotonic() - start
-    cpu_killed = process.returncode in (-signal.SIGXCPU, -signal.SIGKILL) and seconds >= limits.cpu_seconds * 0.9
-    return ExecutionResult(
-        passed=False,
-        status="timeout" if timed_out or cpu_killed else "failed",
-        returncode=None if timed_out else process.returncode,
-        stdout=_read_capped(stdout_path, limits.max_output_bytes),
-        stderr=_read_capped(stderr_path, limits.max_output_bytes),
-        seconds=seconds,
-    )
+            fd = os.pidfd_open(child)
+        except OSError:
+            return
+        # Still bwrap's child, so the pid was not reused: the pidfd is the init's.
+        if _parent_pid(child) == process.pid:
+            self.fd = fd
+        else:
+            os.close(fd)
+
+    def kill(self) -> None:
+        if self.fd is not None:
+            try:
+                signal.pidfd_send_signal(self.fd, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def wait_gone(self, timeout: float) -> None:
+        if self.fd is not None:
+            select.select([self.fd], [], [], timeout)
 
 
-def _contain(uid: int | None, limits: SandboxLimits, workdir: Path) -> None:
-    """Runs in the child between fork and exec: limits first, privileges last."""
-    os.setsid()
-    os.chdir(workdir)
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if uid is None:
-        return
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
-    _LIBC.unshare(CLONE_NEWNET)  # best effort: fails harmlessly where the kernel forbids it
-    _private_tmp(workdir)
-    _LIBC.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0)
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    _keep_read_access()
-
-
-def _private_tmp(workdir: Path) -> None:
-    """Best effort, like the network namespace: a private mount namespace with
-    fresh tmpfs over the shared writable directories, and the working directory
-    bound back at its own path. Nothing is mounted unless the namespace is
-    private, so no mount can ever propagate to the host."""
-    if _LIBC.unshare(CLONE_NEWNS) != 0 or _LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        return
-    # An interpreter under a masked directory (a venv in /tmp) is bound back below.
-    interpreter_fds = {path: os.open(path, os.O_RDONLY | os.O_DIRECTORY) for path in _masked_interpreter_dirs()}
-    for directory in SHARED_WRITABLE_DIRS:
-        if os.path.isdir(directory) and not os.path.islink(directory):
-            _LIBC.mount(b"tmpfs", directory.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, PRIVATE_TMPFS_OPTIONS)
-    for path, fd in interpreter_fds.items():
-        os.makedirs(path, exist_ok=True)
-        _LIBC.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None, MS_BIND | MS_REC, None)
-        os.close(fd)
-    # The cwd still is the old directory: bind it back where its path now points.
-    if not workdir.is_dir():
-        os.makedirs(workdir)
-        _LIBC.mount(b".", str(workdir).encode(), None, MS_BIND | MS_REC, None)
-        os.chdir(workdir)
-
-
-def _masked_interpreter_dirs() -> list[str]:
-    """Our interpreter's prefixes that lie under a directory the sandbox masks."""
-    prefixes = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
-    return sorted(
-        prefix for prefix in prefixes
-        if os.path.isdir(prefix) and any(os.path.commonpath([d, prefix]) == d for d in SHARED_WRITABLE_DIRS)
-    )
-
-
-def _keep_read_access() -> None:
-    """Let the unprivileged program read (not write) files our interpreter lives
-    among, e.g. under a 0700 home: CAP_DAC_READ_SEARCH, kept across exec as an
-    ambient capability. Every other capability is gone with the setuid."""
-    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-    bit = 1 << CAP_DAC_READ_SEARCH
-    data = (ctypes.c_uint32 * 6)(bit, bit, bit, 0, 0, 0)  # effective, permitted, inheritable (low, high)
-    _LIBC.capset(header, data)
-    _LIBC.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, CAP_DAC_READ_SEARCH, 0, 0)
-
-
-def _fresh_uid() -> int:
-    """A user id no other process uses, so its process count and clean-up are ours alone."""
-    return _SANDBOX_UID_BASE + (os.getpid() % 10_000) * 1_000 + next(_uid_counter) % 1_000
+def _parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith("PPid:"))
+    except (OSError, StopIteration, ValueError):
+        return None
 
 
 def _kill_group(pid: int) -> None:
@@ -216,38 +469,24 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _kill_user(uid: int) -> None:
-    """Kill every process running as `uid`, repeating until none is left (forks race us)."""
-    for _ in range(50):
-        victims = [pid for pid in _pids_of_user(uid)]
-        if not victims:
-            return
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.01)
+def _normalized(returncode: int) -> int:
+    """bwrap reports a program killed by signal N as exit 128 + N; give it back as -N."""
+    return -(returncode - 128) if 128 < returncode < 128 + signal.NSIG else returncode
 
 
-def _pids_of_user(uid: int) -> list[int]:
-    """Live (non-zombie) processes of `uid`; zombies are dead and await their reaper."""
-    pids = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.stat(entry.path).st_uid != uid:
-                continue
-            with open(f"{entry.path}/stat") as handle:
-                state = handle.read().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if state != "Z":
-            pids.append(int(entry.name))
-    return pids
+def _read_channel(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    data = b""
+    try:
+        while len(data) < 4096:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    except BlockingIOError:
+        pass
+    return data
 
 
-def _read_capped(path: Path, limit: int) -> str:
-    with open(path, "rb") as handle:
-        return handle.read(limit).decode("utf-8", errors="replace")
+def _read_capped(fd: int, limit: int) -> str:
+    return os.pread(fd, limit, 0).decode("utf-8", errors="replace")

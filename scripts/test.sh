@@ -4,9 +4,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # The Slurm tests need a running cluster: start the local two-node one (root only;
-# elsewhere those tests are skipped with the reason).
+# elsewhere those tests are skipped with the reason), and stop it afterwards if
+# this run started it. Beside a Slurm that already runs here it starts nothing
+# (exit 4) and the Slurm tests are skipped: the machine's own Slurm is never touched.
 if [ "$(id -u)" = 0 ]; then
-  bash scripts/slurm_local.sh start
-  export SLURM_CONF=${SLURM_DIR:-/tmp/headstart-slurm}/slurm.conf
+  already=0
+  bash scripts/slurm_local.sh status >/dev/null 2>&1 && already=1
+  started=0
+  bash scripts/slurm_local.sh start || started=$?
+  if [ "$started" = 0 ]; then
+    export SLURM_CONF=${SLURM_DIR:-/tmp/headstart-slurm}/slurm.conf
+    [ "$already" = 1 ] || trap 'bash scripts/slurm_local.sh stop >/dev/null' EXIT
+  elif [ "$started" = 4 ]; then
+    echo "test.sh: another Slurm runs on this machine; the local cluster's tests will be skipped" >&2
+  else
+    exit "$started"
+  fi
 fi
-exec python -m pytest -q --timeout 1800 "$@"
+python -m pytest -q --timeout 1800 "$@"
