@@ -127,12 +127,6 @@ def data_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_data_dir(data_dir) -> Path:
-    """The former name of `data_dir`, still used by tests/test_sandbox.py."""
-    return data_dir
-
-
-@pytest.fixture(scope="session")
 def tiny_refusion_dir(tmp_path_factory, tiny_qwen3_dir) -> Path:
     """The tiny Qwen3 with ReFusion's begin and mask tokens added (seeded: the new
     embeddings are drawn at random around the old ones)."""
