@@ -31,7 +31,8 @@ def length_stats(values: np.ndarray) -> dict[str, float]:
 def render_card(name: str, fmt: str, pairs: str, answers: str, report: Report, config_yaml: str, command: str) -> str:
     lines = [f"# {name}", "", f"Built by `{command}` (headstart data builders).", ""]
     lines += [f"Content: {_FORMATS[(fmt, pairs)]}. Answers: `{answers}`.", ""]
-    lines += ["Provenance columns: `source`, `source_id`, `prefix_index` (i), `num_segments` (n), `answer_kind`.", ""]
+    lines += ["Provenance columns: `source`, `source_id`, `prefix_index` (i), `num_segments` (n), `answer_kind`, "
+              "`full_request` (S_n, the complete request).", ""]
     lines += _splits(report) + _inputs(report) + _funnel(report) + _drops(report)
     lines += _decontamination(report) + _tokens(report)
     lines += ["## Resolved config", "", "```yaml", config_yaml.rstrip(), "```", ""]

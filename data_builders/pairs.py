@@ -3,7 +3,9 @@
 prefix-to-answer: one row per kept prefix S_i with the answer to the complete
 request. draft-refinement adds `draft`, the model's answer to S_{i-1} ("" for
 i = 1). AR rows are TRL conversational `messages`; ReFusion rows are
-`query`/`response`. Every row carries its provenance.
+`query`/`response`. Every row carries its provenance, and `full_request`, the
+complete request S_n its prefix S_i is cut from (`objective: distill` prompts the
+teacher with it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from data_builders.analyse import prompt_lengths, text_lengths
 from data_builders.select import Selection
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
 
-PROVENANCE = ["source", "source_id", "prefix_index", "num_segments", "answer_kind"]
+PROVENANCE = ["source", "source_id", "prefix_index", "num_segments", "answer_kind", "full_request"]
 STAT_COLUMNS = ["_prompt_tokens", "_answer_tokens", "_draft_tokens"]
 
 
@@ -54,6 +56,7 @@ def expand_batch(
             out["prefix_index"].append(i)
             out["num_segments"].append(len(cuts))
             out["answer_kind"].append(answer_kind)
+            out["full_request"].append(request[: cuts[-1]])  # S_n (byte-identical to the request)
     if fmt == "ar":
         out["messages"] = [_messages(q, a) for q, a in zip(queries, responses)]
     else:

@@ -87,6 +87,7 @@ def test_ar_prefix_pairs_round_trip(tmp_path, lmsys_file, tiny_tokenizer_dir):
         assert system == {"role": "system", "content": INCOMPLETE_REQUEST_SYSTEM}
         request, answer = (turn["content"] for turn in originals[row["source_id"]][:2])
         assert request.startswith(user["content"]) and assistant["content"] == answer
+        assert row["full_request"] == request  # S_n, the teacher's prompt for objective: distill
         assert row["source"] == "lmsys" and row["answer_kind"] == "reference"
     for source_id, pairs in by_request.items():
         request = originals[source_id][0]["content"]
@@ -181,7 +182,10 @@ def test_two_builds_give_the_same_bytes(tmp_path, data_dir, tiny_tokenizer_dir):
     assert tree_bytes(tmp_path / "first") == tree_bytes(second)
     data = load_from_disk(str(second))
     assert len(data["train"]) + len(data["validation"]) == 600
-    assert set(data["train"].column_names) == {"query", "response", "source", "source_id", "prefix_index", "num_segments", "answer_kind"}
+    assert set(data["train"].column_names) == {
+        "query", "response", "source", "source_id", "prefix_index", "num_segments", "answer_kind", "full_request"
+    }
+    assert all(r["full_request"].startswith(r["query"]) for r in data["train"])
     mbpp_ids = {int(r["source_id"]) for r in data["train"] if r["source"] == "mbpp"}
     assert mbpp_ids and all(601 <= i <= 974 for i in mbpp_ids)  # MBPP train split only
     assert report.read_drops["mbpp"]["not_mbpp_train"] == 600

@@ -91,7 +91,7 @@ def test_typo_in_a_recipe_file_fails_listing_valid_keys(tmp_path):
 
 
 def test_unimplemented_objective_is_a_clear_error():
-    with pytest.raises(RecipeValueError, match="objective 'dpo' is not implemented; available: sft, refusion"):
+    with pytest.raises(RecipeValueError, match="objective 'dpo' is not implemented; available: sft, refusion, distill"):
         parse_recipe(["objective=dpo"])
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-OBJECTIVES = ("sft", "refusion")
+OBJECTIVES = ("sft", "refusion", "distill")
+DIVERGENCES = ("forward", "reverse")
 
 
 @dataclass
@@ -97,6 +98,19 @@ class RefusionSection:
 
 
 @dataclass
+class DistillSection:
+    divergence: str = field(
+        default="forward",
+        metadata={"help": "forward: KL(teacher || student), mean-covering; reverse: KL(student || teacher), mode-seeking"},
+    )
+    top_k: int = field(
+        default=0,
+        metadata={"help": "0: KL over the full vocabulary; k: over the teacher's top-k tokens plus one bucket for the "
+                          "rest (a lower bound of the full KL that keeps k + 1 teacher numbers per token)"},
+    )
+
+
+@dataclass
 class WandbSection:
     project: str | None = field(default=None, metadata={"help": "W&B project; unset (and no WANDB_PROJECT) = offline run"})
     entity: str | None = field(default=None, metadata={"help": "W&B entity (team or user)"})
@@ -111,6 +125,9 @@ class TrainRecipe:
     lora: LoraSection = field(default_factory=LoraSection, metadata={"help": "PEFT LoRA adapter"})
     training: TrainingSection = field(default_factory=TrainingSection, metadata={"help": "optimisation and checkpoints"})
     refusion: RefusionSection = field(default_factory=RefusionSection, metadata={"help": "ReFusion slot objective settings"})
+    distill: DistillSection = field(
+        default_factory=DistillSection, metadata={"help": "self-distillation from the full request (objective: distill)"}
+    )
     wandb: WandbSection = field(default_factory=WandbSection, metadata={"help": "Weights & Biases run"})
 
 
@@ -178,6 +195,7 @@ def validate(recipe: TrainRecipe) -> TrainRecipe:
     if recipe.model.dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise RecipeValueError(f"model.dtype {recipe.model.dtype!r}: use auto, float32, bfloat16 or float16")
     validate_refusion(recipe)
+    validate_distill(recipe)
     return recipe
 
 
@@ -200,6 +218,22 @@ def validate_refusion(recipe: TrainRecipe) -> None:
         raise RecipeValueError(
             "objective: refusion numbers its batches in the main process to draw their layouts; "
             "set training.dataloader_num_workers to 0"
+        )
+
+
+def validate_distill(recipe: TrainRecipe) -> None:
+    """Divergence and top-k are checked whatever the objective (the defaults pass). The
+    student and teacher sequences are laid out by their own collator, which TRL's packing
+    and padding-free modes would replace."""
+    d = recipe.distill
+    if d.divergence not in DIVERGENCES:
+        raise RecipeValueError(f"distill.divergence {d.divergence!r}: use {' or '.join(DIVERGENCES)}")
+    if d.top_k < 0:
+        raise RecipeValueError(f"distill.top_k must be >= 0 (0 = the full vocabulary), got {d.top_k}")
+    if recipe.objective == "distill" and (recipe.training.packing or recipe.training.padding_free):
+        raise RecipeValueError(
+            "objective: distill pads its student and teacher batches itself; set training.packing and "
+            "training.padding_free to false"
         )
 
 

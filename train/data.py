@@ -8,6 +8,10 @@ uses, so the adapted model is trained on exactly the prompt it is tested on.
 The prompt and the answer are tokenized separately and concatenated: the
 boundary is exact (no token merges across it), and the model sees at training
 time the very prompt ids it is given at inference, followed by its answer.
+
+`objective: distill` also needs each row's complete request S_n, in a
+`full_request` column (data_builders writes it): the teacher's prompt is the
+student's with the streamed user turn S_i replaced by S_n.
 """
 
 from __future__ import annotations
@@ -194,19 +198,98 @@ def tokenize_example(
     return {"input_ids": prompt_ids + answer_ids, "completion_mask": [0] * len(prompt_ids) + [1] * len(answer_ids)}
 
 
+FULL_REQUEST = "full_request"
+
+
+def streamed_turn(messages: list[dict[str, str]]) -> int:
+    """Index of the streamed user turn: the one the answer answers (the turn before it)."""
+    if len(messages) < 2 or messages[-2]["role"] != "user":
+        raise ValueError("the answer must follow the streamed user turn (the prefix S_i)")
+    return len(messages) - 2
+
+
+def teacher_dialogue(example: dict) -> list[dict[str, str]]:
+    """The row's dialogue with the streamed user turn S_i replaced by the complete request S_n:
+    same system turn, same history, same answer."""
+    messages = [dict(turn) for turn in dialogue(example)]
+    messages[streamed_turn(messages)]["content"] = example[FULL_REQUEST]
+    return messages
+
+
+def check_full_requests(dataset: Dataset, split: str) -> None:
+    """`objective: distill`: every row holds its complete request S_n, and its streamed
+    user turn S_i is a prefix of it (PROTOCOL: S_i = s_1 + ... + s_i). Run after `check_rows`."""
+    fields = [FULL_REQUEST, "messages" if "messages" in dataset.column_names else "query"]
+    for number, row in enumerate(dataset.select_columns(fields), 1):
+        where = f"{split} row {number} (counting from 1)"
+        full = row[FULL_REQUEST]
+        if not isinstance(full, str) or not full:
+            raise ValueError(f"{where}: field `{FULL_REQUEST}` is missing or empty")
+        if "messages" in row:
+            try:
+                prefix = row["messages"][streamed_turn(row["messages"])]["content"]
+            except ValueError as error:
+                raise ValueError(f"{where}: {error}") from error
+        else:
+            prefix = row["query"]
+        if not full.startswith(prefix):
+            raise ValueError(
+                f"{where}: the streamed user turn is not a prefix of `{FULL_REQUEST}` (S_i must start S_n): "
+                f"{prefix[:80]!r} vs {full[:80]!r}"
+            )
+
+
+def require_full_request(dataset: Dataset, split: str) -> None:
+    """The column `objective: distill` adds, named before anything else is checked."""
+    if FULL_REQUEST not in dataset.column_names:
+        raise ValueError(
+            f"objective: distill needs the complete request of every row in a `{FULL_REQUEST}` column (the "
+            f"teacher's prompt); the {split} split has only {', '.join(dataset.column_names)}. Rebuild the data "
+            f"with `python -m data_builders` (it writes `{FULL_REQUEST}`) or add the column"
+        )
+
+
+def tokenize_distill(
+    example: dict, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str
+) -> dict[str, list[int]]:
+    """prompt_ids (the student's prompt, S_i), teacher_prompt_ids (the same dialogue with S_n)
+    and answer_ids (the one answer both are scored on), each tokenized apart."""
+    student = with_system(dialogue(example), system_message)
+    teacher = with_system(teacher_dialogue(example), system_message)
+    prompt, answer = split_prompt_answer(tokenizer, student, family)
+    teacher_prompt, teacher_answer = split_prompt_answer(tokenizer, teacher, family)
+    if teacher_answer != answer:
+        raise ValueError("the chat template renders the answer differently after the full request; "
+                         f"cannot score one answer under both prompts: {answer[:80]!r} vs {teacher_answer[:80]!r}")
+    return {
+        "prompt_ids": _ids(tokenizer, prompt),
+        "teacher_prompt_ids": _ids(tokenizer, teacher_prompt),
+        "answer_ids": _ids(tokenizer, answer),
+    }
+
+
+TOKENIZERS = {"sft": tokenize_example, "refusion": tokenize_parts, "distill": tokenize_distill}
+
+
 def tokenize_dataset(
     dataset: Dataset, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str, objective: str = "sft"
 ) -> Dataset:
     """Tokenize for `objective`: sft gives TRL's pre-tokenized form (input_ids, completion_mask);
-    refusion gives the parts the ReFusion collator lays out (prompt_ids, draft_ids, answer_ids)."""
+    refusion gives the parts the ReFusion collator lays out (prompt_ids, draft_ids, answer_ids);
+    distill the parts of the student and teacher sequences (prompt_ids, teacher_prompt_ids, answer_ids)."""
     columns = dataset.column_names
     if "messages" not in columns and not {"query", "response"} <= set(columns):
         raise ValueError(f"training data needs a `messages` column, or `query` and `response`; found {columns}")
     if "draft" in columns and objective != "refusion":
         raise ValueError("draft-refinement rows (a `draft` column) train with `objective: refusion`")
-    check_rows(dataset, str(dataset.split or "training data"))
+    split = str(dataset.split or "training data")
+    if objective == "distill":
+        require_full_request(dataset, split)
+    check_rows(dataset, split)
+    if objective == "distill":
+        check_full_requests(dataset, split)
     return dataset.map(
-        tokenize_parts if objective == "refusion" else tokenize_example,
+        TOKENIZERS[objective],
         fn_kwargs={"tokenizer": tokenizer, "family": family, "system_message": system_message},
         remove_columns=columns,
         desc="Tokenizing prompts and answers",
@@ -214,9 +297,12 @@ def tokenize_dataset(
 
 
 def answer_starts(dataset: Dataset) -> list[int]:
-    """Index of each row's first answer token in the sequence the model sees."""
+    """Index of each row's first answer token in the sequence the model sees (for distill,
+    in the longer of the student and teacher sequences: both must keep it)."""
     if "completion_mask" in dataset.column_names:
         return [mask.index(1) if 1 in mask else len(mask) for mask in dataset["completion_mask"]]
+    if "teacher_prompt_ids" in dataset.column_names:
+        return [max(len(p), len(t)) for p, t in zip(dataset["prompt_ids"], dataset["teacher_prompt_ids"])]
     return [len(p) + len(d) for p, d in zip(dataset["prompt_ids"], dataset["draft_ids"])]
 
 

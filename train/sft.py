@@ -1,14 +1,16 @@
-"""Fine-tuning of a LoRA adapter on prefix-to-answer dialogues: `objective: sft` or `refusion`.
+"""Fine-tuning of a LoRA adapter on prefix-to-answer dialogues: `objective: sft`, `refusion` or `distill`.
 
     accelerate launch train/sft.py recipe=qwen3_prefix [training.learning_rate=1e-4 ...]
     accelerate launch --config_file recipes/accelerate/zero3.yaml train/sft.py recipe=qwen3_prefix
     accelerate launch train/sft.py recipe=refusion_prefix_to_answer
+    accelerate launch train/sft.py recipe=qwen3_distill
 
 Without `recipe=` the embedded default `smollm2_prefix` runs (SmolLM2-135M on CPU).
 The script reads top to bottom: recipe, run directory and trackers, tokenizer and
 data, TRL configuration, model (ReFusion adds its tokens), trainer, resume, training,
 adapter and merged model. `objective: refusion` swaps in the slot layout and loss of
-train/refusion.py; everything else (LoRA, accelerate, DeepSpeed, checkpoints) is shared.
+train/refusion.py, `objective: distill` the student/teacher batches and KL loss of
+train/distill.py; everything else (LoRA, accelerate, DeepSpeed, checkpoints) is shared.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from headstart.refusion import mask_token_id  # noqa: E402
 from train.checkpoints import CompletenessMarker, StepDelay, check_run_dir, last_complete_checkpoint  # noqa: E402
 from train.config import TrainRecipe, accumulation_steps, validate  # noqa: E402
 from train.data import check_fits, load_split, tokenize_dataset  # noqa: E402
+from train.distill import DistillCollator, DistillTrainer  # noqa: E402
 from train.refusion import RefusionCollator, RefusionTrainer, add_trainable_tokens  # noqa: E402
 from train.tracking import ResolvedConfigToWandb, configure_trackers, finish_trackers  # noqa: E402
 
@@ -99,10 +102,11 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState):
 
 def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool) -> SFTConfig:
     """TRL arguments from the recipe: accumulation derived from the effective batch. For
-    refusion, TRL keeps the tokenized parts as they are (the collator lays them out) and
-    gets the model already loaded (it adds its tokens first)."""
+    refusion and distill, TRL keeps the tokenized parts as they are (the objective's collator
+    lays them out); refusion also hands TRL the model already loaded (it adds its tokens first)."""
     t = recipe.training
     refusion = recipe.objective == "refusion"
+    own_layout = recipe.objective in ("refusion", "distill")
     return SFTConfig(
         output_dir=str(output_dir),
         run_name=t.run_name or f"{recipe_name}-{Path(recipe.model.name_or_path.rstrip('/')).name}",
@@ -136,8 +140,8 @@ def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_si
         use_cpu=process_state_kwargs().get("cpu", False),
         ddp_backend=process_state_kwargs().get("backend"),
         model_init_kwargs=None if refusion else model_init_kwargs(recipe),
-        remove_unused_columns=not refusion,
-        dataset_kwargs={"skip_prepare_dataset": True} if refusion else None,
+        remove_unused_columns=not own_layout,
+        dataset_kwargs={"skip_prepare_dataset": True} if own_layout else None,
     )
 
 
@@ -211,13 +215,18 @@ def main(argv: list[str]) -> None:
 
     # --- Model and trainer -----------------------------------------------------
     args = sft_config(recipe, recipe_name, output_dir, state.num_processes, eval_data is not None)
-    model, peft_config, trainer_class, collator = model_dir, lora_config(recipe), SFTTrainer, None
+    model, peft_config, trainer_class, collator, objective_kwargs = model_dir, lora_config(recipe), SFTTrainer, None, {}
     if recipe.objective == "refusion":
         # The base with its mask and begin tokens (rows trained beside LoRA), then the slot layout and loss.
         # Loaded after the TRL arguments, so a ZeRO-3 run partitions it as TRL's own loading would.
         model = AutoModelForCausalLM.from_pretrained(model_dir, **model_init_kwargs(recipe))
         add_trainable_tokens(model, tokenizer, peft_config)
         trainer_class, collator = RefusionTrainer, refusion_collator(recipe, tokenizer, state.process_index)
+    elif recipe.objective == "distill":
+        # The teacher is this model with its adapter disabled: no second copy is loaded.
+        trainer_class = DistillTrainer
+        collator = DistillCollator(pad_token_id=tokenizer.pad_token_id, max_length=recipe.training.max_length)
+        objective_kwargs = {"divergence": recipe.distill.divergence, "top_k": recipe.distill.top_k}
     trainer = trainer_class(
         model=model,
         args=args,
@@ -227,6 +236,7 @@ def main(argv: list[str]) -> None:
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=callbacks(recipe, recipe_name),
+        **objective_kwargs,
     )
 
     # --- Train (resuming from the last complete checkpoint) ---------------------
