@@ -59,7 +59,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from eval.sandbox_cgroup import CgroupParent, join as join_cgroup
+from eval.sandbox_cgroup import CgroupParent, alive, join as join_cgroup
 
 # Host places a program must never be able to write to (the tests check them).
 SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
@@ -384,7 +384,7 @@ def _sweep_uids() -> None:
                 continue
             try:
                 owner = sandbox_uid_owner(os.stat(entry.path).st_uid)
-                if owner is None or (owner != os.getpid() and _alive(owner)):
+                if owner is None or (owner != os.getpid() and alive(owner)):
                     continue
                 with open(f"{entry.path}/stat") as handle:
                     if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
@@ -400,16 +400,6 @@ def _sweep_uids() -> None:
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _Init:

@@ -92,7 +92,7 @@ class CgroupParent:
                 owner = base.name[len(PREFIX):]
                 if not base.name.startswith(PREFIX) or not owner.isdigit():
                     continue
-                if int(owner) != os.getpid() and _alive(int(owner)):
+                if int(owner) != os.getpid() and alive(int(owner)):
                     continue
                 for leaf in [p for p in base.iterdir() if p.is_dir()]:
                     Cgroup(self.version, (leaf,)).destroy()
@@ -220,7 +220,8 @@ def _procs(leaf: Path) -> list[int]:
         return []
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process exists (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
