@@ -9,8 +9,8 @@ run, on the same warm model and the same requests:
 
 1. the cost of one forward against the number of tokens it feeds (1 to the largest block + 1) after a
    cached context of about 300 tokens (median of --repeats calls);
-2. for each policy (block sizes at n-gram 3, first occurrence; then n-gram length
-   and occurrence at one block size), the residual update of each request (its
+2. for each policy (block sizes at n-grams 3..1, first occurrence; then n-gram
+   lengths and occurrence at one block size), the residual update of each request (its
    drafts decoded once, greedy, and shared by every policy), timed at batch size 1
    right after the request's plain greedy baseline: median forward and wall-clock
    speedup, and forwards per residual.
@@ -40,7 +40,8 @@ from eval.runner import StreamingEvaluator, load_records
 from headstart.models import load_model
 
 BLOCKS = (2, 4, 6, 8, 10, 16, 24, 32)
-VARIANTS = ((1, "first"), (2, "first"), (4, "first"), (3, "last"))  # (n-gram, occurrence) at --variant-block
+# (longest n-gram, shortest n-gram, occurrence) at --variant-block; blocks are swept at (3, 1, first).
+VARIANTS = ((1, 1, "first"), (2, 1, "first"), (4, 1, "first"), (3, 2, "first"), (3, 3, "first"), (3, 1, "last"))
 
 
 def forward_costs(evaluator: StreamingEvaluator, prompt_ids: list[int], widths: range, repeats: int) -> dict[int, float]:
@@ -131,11 +132,12 @@ def main() -> None:
         requests = [r for r in requests if r.request_id in drafts]
     else:
         drafts = cached_drafts(plain, requests, Path(args.output_dir) / f"{args.benchmark}-{args.limit}-drafts.json", 32)
-    policies = [(3, block, "first") for block in BLOCKS] + [(n, args.variant_block, o) for n, o in VARIANTS]
+    policies = [(3, 1, block, "first") for block in BLOCKS] + [(n, m, args.variant_block, o) for n, m, o in VARIANTS]
     evaluators = {("plain", "-", "-"): plain}
-    for ngram, block, occurrence in policies:
-        decode = replace(base.decode, lookup_ngram=ngram, lookup_block=block, lookup_occurrence=occurrence)
-        evaluators[(occurrence, str(ngram), str(block))] = StreamingEvaluator(loaded, replace(base, decode=decode))
+    for ngram, min_ngram, block, occurrence in policies:
+        decode = replace(base.decode, lookup_ngram=ngram, lookup_min_ngram=min_ngram, lookup_block=block,
+                         lookup_occurrence=occurrence)
+        evaluators[(occurrence, f"{ngram}..{min_ngram}", str(block))] = StreamingEvaluator(loaded, replace(base, decode=decode))
     figures = time_policies(evaluators, requests, drafts)
     rows = [list(name) + _cells(figures[name]) for name in evaluators]
     header = ["occurrence", "n-gram", "block", "fwd speedup (med)", "wall speedup (med)", "wall (mean)", "residual fwd (med)"]

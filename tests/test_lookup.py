@@ -65,6 +65,8 @@ def test_proposals_prefer_longer_ngrams_then_source_order_and_stop_at_eos():
     assert proposer.propose([3], budget=64) == []  # nothing follows 3 in the request
     last = Proposer([[1, 2, 1, 3]], LookupPolicy(1, 10, "last"), {EOS})
     assert last.propose([1], budget=64) == [3]
+    two = Proposer([tail, earlier, request], LookupPolicy(3, 10, "first", min_ngram=2), {EOS})
+    assert two.propose([0, 5, 6], budget=64) == [7, 1, EOS] and two.propose([9, 7], budget=64) == []
 
 
 def test_update_cost_is_one_forward_for_a_finished_draft_kept_whole():
@@ -149,6 +151,7 @@ def test_decode_settings_are_validated_when_the_config_is_built():
     for bad, message in [("decode.regenerate=sometimes", "plain, lookup"),
                          ("decode.engine=refusion", "decode.regenerate=plain"),
                          ("decode.lookup_block=0", "lookup_block"),
+                         ("decode.lookup_min_ngram=4", "lookup_min_ngram"),
                          ("decode.lookup_occurrence=middle", "first, last"),
                          ("decode.max_new_tokens=0", "max_new_tokens"),
                          ("decode.acceptance=bogus", "threshold:TAU")]:

@@ -18,7 +18,7 @@ DIFFUSION_ENGINES = ("refusion", "bidirectional")
 ENGINES = AR_ENGINES + DIFFUSION_ENGINES
 REGENERATE_MODES = ("plain", "lookup")
 # Settings that change the numbers, beyond acceptance, max_new_tokens and regenerate.
-LOOKUP_KEYS = ("lookup_ngram", "lookup_block", "lookup_occurrence")
+LOOKUP_KEYS = ("lookup_ngram", "lookup_min_ngram", "lookup_block", "lookup_occurrence")
 DIFFUSION_KEYS = {
     "refusion": ("engine", "slot_size", "serial_blocks", "slot_threshold", "token_threshold", "draft_in_context"),
     "bidirectional": ("engine", "diffusion_steps"),
@@ -34,6 +34,7 @@ class DecodeSpec:
     max_new_tokens: int = field(default=256, metadata={"help": "Answer length cap, the same for baselines and stream."})
     regenerate: str = field(default="lookup", metadata={"help": "After the accepted prefix: 'lookup' (blocks proposed by n-gram lookup in the held draft, earlier drafts and the request, verified in one forward; lossless) or 'plain' (one token per forward, the paper's procedure). AR engines only."})
     lookup_ngram: int = field(default=3, metadata={"help": "lookup: longest n-gram matched (the answer's last n tokens), tried down to 1."})
+    lookup_min_ngram: int = field(default=1, metadata={"help": "lookup: shortest n-gram that may propose (a 1-gram match is often wrong, and a wide forward costs more than a step on a CPU)."})
     lookup_block: int = field(default=10, metadata={"help": "lookup: most tokens proposed per forward."})
     lookup_occurrence: str = field(default="first", metadata={"help": "lookup: which occurrence of the n-gram in a source proposes ('first' or 'last')."})
     # ReFusion's slot size and thresholds default to its generate(), the 4 serial
@@ -55,8 +56,9 @@ class DecodeSpec:
         if self.regenerate == "lookup" and self.engine not in AR_ENGINES:
             raise ValueError(f"decode.regenerate=lookup needs an autoregressive engine; engine={self.engine} "
                              "regenerates by its own decoding: add decode.regenerate=plain")
-        if self.lookup_ngram < 1 or self.lookup_block < 1:
-            raise ValueError(f"decode.lookup_ngram and decode.lookup_block must be >= 1, not {self.lookup_ngram} and {self.lookup_block}")
+        if not 1 <= self.lookup_min_ngram <= self.lookup_ngram or self.lookup_block < 1:
+            raise ValueError("decode.lookup_block must be >= 1 and 1 <= decode.lookup_min_ngram <= decode.lookup_ngram, "
+                             f"not {self.lookup_block}, {self.lookup_min_ngram} and {self.lookup_ngram}")
         if self.lookup_occurrence not in OCCURRENCES:
             raise ValueError(f"decode.lookup_occurrence must be one of {', '.join(OCCURRENCES)}, not {self.lookup_occurrence!r}")
         if self.slot_size < 1 or self.serial_blocks < 1 or self.diffusion_steps < 1:
@@ -73,7 +75,7 @@ class DecodeSpec:
         """The proposal policy of `regenerate=lookup`; None for plain regeneration."""
         if self.regenerate != "lookup":
             return None
-        return LookupPolicy(self.lookup_ngram, self.lookup_block, self.lookup_occurrence)
+        return LookupPolicy(self.lookup_ngram, self.lookup_block, self.lookup_occurrence, self.lookup_min_ngram)
 
     @property
     def fast(self) -> bool:

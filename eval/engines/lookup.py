@@ -25,11 +25,13 @@ OCCURRENCES = ("first", "last")
 
 @dataclass(frozen=True)
 class LookupPolicy:
-    """What to propose: n-gram length, block size, and which occurrence of a match."""
+    """What to propose: n-gram lengths (max_ngram down to min_ngram), block size, and
+    which occurrence of a match."""
 
     max_ngram: int = 3
     block: int = 10
     occurrence: str = "first"
+    min_ngram: int = 1
 
 
 class Proposer:
@@ -45,7 +47,7 @@ class Proposer:
     def _index(self, source: list[int]) -> dict[tuple[int, ...], int]:
         index: dict[tuple[int, ...], int] = {}
         keep_first = self.policy.occurrence == "first"
-        for n in range(1, self.policy.max_ngram + 1):
+        for n in range(self.policy.min_ngram, self.policy.max_ngram + 1):
             for start in range(len(source) - n):  # a match must have a token after it
                 key = tuple(source[start : start + n])
                 if not keep_first or key not in index:
@@ -57,7 +59,7 @@ class Proposer:
         limit = min(self.policy.block, budget)
         if limit <= 0:
             return []
-        for n in range(min(self.policy.max_ngram, len(answer)), 0, -1):
+        for n in range(min(self.policy.max_ngram, len(answer)), self.policy.min_ngram - 1, -1):
             key = tuple(answer[-n:])
             for source, index in zip(self.sources, self.indexes):
                 follow = index.get(key)
