@@ -19,7 +19,7 @@ from headstart.models import load_model
 from test_ar_engine import MAX_NEW_TOKENS, make_evaluator, naive_greedy
 
 EOS = 99
-POLICY = LookupPolicy(max_ngram=3, block=10, occurrence="first")
+POLICY = LookupPolicy(max_ngram=3, block=10, occurrence="first", min_ngram=1)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_a_renamed_token_costs_two_steps_and_the_block_size_bounds_a_forward():
     answer = [y, eq, f, lp, a, rp, semi, ret, y, EOS]
     proposer = Proposer([held, [], []], POLICY, {EOS})
     assert regeneration_forwards(answer, 0, proposer, max_new_tokens=64) == 3
-    small = Proposer([held, [], []], LookupPolicy(3, 2, "first"), {EOS})
+    small = Proposer([held, [], []], LookupPolicy(3, 2, "first", 1), {EOS})
     # y -> =; (=) proposes f ( -> +a; (f ( a) proposes ) ; -> +return; (...) proposes x EOS: wrong -> y; -> EOS
     assert regeneration_forwards(answer, 0, small, max_new_tokens=64) == 5
 
@@ -63,7 +63,7 @@ def test_proposals_prefer_longer_ngrams_then_source_order_and_stop_at_eos():
     assert proposer.propose([0, 5, 6], budget=64) == [7, 1, EOS]  # (5, 6) first in the tail; cut after EOS
     assert proposer.propose([0, 5, 6], budget=2) == [7, 1]  # the answer's remaining budget
     assert proposer.propose([3], budget=64) == []  # nothing follows 3 in the request
-    last = Proposer([[1, 2, 1, 3]], LookupPolicy(1, 10, "last"), {EOS})
+    last = Proposer([[1, 2, 1, 3]], LookupPolicy(1, 10, "last", 1), {EOS})
     assert last.propose([1], budget=64) == [3]
     two = Proposer([tail, earlier, request], LookupPolicy(3, 10, "first", min_ngram=2), {EOS})
     assert two.propose([0, 5, 6], budget=64) == [7, 1, EOS] and two.propose([9, 7], budget=64) == []
@@ -147,7 +147,7 @@ def test_threshold_acceptance_is_unchanged_by_lookup_regeneration(tiny_qwen3_dir
 
 def test_decode_settings_are_validated_when_the_config_is_built():
     assert load_config(EvalConfig, ["decode.regenerate=plain"]).decode.lookup is None
-    assert load_config(EvalConfig, []).decode.lookup == LookupPolicy(3, 10, "first")
+    assert load_config(EvalConfig, []).decode.lookup == LookupPolicy(3, 8, "first", 1)
     for bad, message in [("decode.regenerate=sometimes", "plain, lookup"),
                          ("decode.engine=refusion", "decode.regenerate=plain"),
                          ("decode.lookup_block=0", "lookup_block"),

@@ -35,7 +35,7 @@ class DecodeSpec:
     regenerate: str = field(default="lookup", metadata={"help": "After the accepted prefix: 'lookup' (blocks proposed by n-gram lookup in the held draft, earlier drafts and the request, verified in one forward; lossless) or 'plain' (one token per forward, the paper's procedure). AR engines only."})
     lookup_ngram: int = field(default=3, metadata={"help": "lookup: longest n-gram matched (the answer's last n tokens), tried down to 1."})
     lookup_min_ngram: int = field(default=1, metadata={"help": "lookup: shortest n-gram that may propose (a 1-gram match is often wrong, and a wide forward costs more than a step on a CPU)."})
-    lookup_block: int = field(default=10, metadata={"help": "lookup: most tokens proposed per forward."})
+    lookup_block: int = field(default=8, metadata={"help": "lookup: most tokens proposed per forward (8: the fastest median wall clock on this CPU, benchmarks/bench_lookup_policy.py)."})
     lookup_occurrence: str = field(default="first", metadata={"help": "lookup: which occurrence of the n-gram in a source proposes ('first' or 'last')."})
     # ReFusion's slot size and thresholds default to its generate(), the 4 serial
     # blocks to its HumanEval evaluation (which also uses slot_size 32, token_threshold 0.4).

@@ -26,12 +26,12 @@ OCCURRENCES = ("first", "last")
 @dataclass(frozen=True)
 class LookupPolicy:
     """What to propose: n-gram lengths (max_ngram down to min_ngram), block size, and
-    which occurrence of a match."""
+    which occurrence of a match (defaults: `eval.engines.decode.DecodeSpec`)."""
 
-    max_ngram: int = 3
-    block: int = 10
-    occurrence: str = "first"
-    min_ngram: int = 1
+    max_ngram: int
+    block: int
+    occurrence: str
+    min_ngram: int
 
 
 class Proposer:
