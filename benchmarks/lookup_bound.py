@@ -1,0 +1,72 @@
+"""How far lookup regeneration could go on recorded answers: an upper bound.
+
+    python benchmarks/lookup_bound.py outputs/bench/faster_answers/humaneval/new_format-plain
+
+Reads a greedy results directory evaluated with `record_tokens=true` and replays
+each request's residual update at token level (no model call) twice: with the
+default lookup policy (`eval.engines.lookup`, the count the evaluator reports), and
+with an oracle that proposes, at every forward, the longest prefix of the rest of
+the answer found anywhere in the same sources (held draft tail, earlier drafts,
+request), up to the block size. No proposer that draws on these sources can beat
+the oracle, so its median bounds what a better policy could buy on these answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+from eval.benchmarks import get_benchmark
+from eval.engines.base import common_prefix_length
+from eval.engines.fast_path import update_cost
+from eval.reporting.tables import markdown_rows
+from eval.runner import StreamingEvaluator, load_records, saved_config
+from headstart.models import load_model
+
+
+def oracle_forwards(answer: list[int], start: int, sources: list[list[int]], block: int) -> int:
+    """Forwards after the verify pass when each proposal is the longest run of the
+    answer's remainder that occurs in a source (at most `block` tokens)."""
+    length, forwards = start + 1, 0
+    while length < len(answer):
+        rest = answer[length : length + block]
+        best = max((common_prefix_length(source[i:], rest) for source in sources for i in range(len(source))), default=0)
+        length = min(length + best + 1, len(answer))
+        forwards += 1
+    return forwards
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results_dir", type=Path)
+    parser.add_argument("--blocks", default="8,32")
+    args = parser.parse_args()
+    config = saved_config(args.results_dir)
+    records = {r["request_id"]: r for r in load_records(args.results_dir / "results.jsonl")}
+    if records and "draft_token_ids" not in next(iter(records.values())):
+        raise SystemExit(f"error: {args.results_dir} was not evaluated with record_tokens=true")
+    evaluator = StreamingEvaluator(load_model(config.model, adapter=config.adapter, device="cpu"), config)
+    lookup, eos = replace(config.decode, regenerate="lookup"), evaluator.engine.eos_token_ids
+    requests = [r for r in get_benchmark(config.benchmark, config.data_path).load() if r.request_id in records]
+    blocks = [int(b) for b in args.blocks.split(",")]
+    speedups: dict[str, list[float]] = {"lookup (default policy)": []} | {f"oracle, block {b}": [] for b in blocks}
+    for request in requests:
+        record, prompt = records[request.request_id], evaluator.prompts(request)[-1]
+        drafts, answer = record["draft_token_ids"], record["base_token_ids"]
+        held = drafts[-1]
+        kept = common_prefix_length(held, answer)
+        speedups["lookup (default policy)"].append(
+            len(answer) / update_cost(held, answer, kept, drafts[:-1][::-1], prompt, lookup, eos))
+        for block in blocks:
+            whole = kept == len(held) == len(answer)
+            forwards = 1 if whole else 1 + oracle_forwards(answer, kept, [held[kept:], *drafts[:-1], prompt], block)
+            speedups[f"oracle, block {block}"].append(len(answer) / forwards)
+    rows = [[name, f"{statistics.median(v):.2f}x", f"{statistics.mean(v):.2f}x"] for name, v in speedups.items()]
+    print(f"{config.benchmark}, {len(requests)} requests, residual forwards against plain greedy decoding\n")
+    print(markdown_rows(["proposer", "speedup (med)", "speedup (mean)"], rows))
+
+
+if __name__ == "__main__":
+    main()
