@@ -138,7 +138,9 @@ def round_drafts(
         rows = [r for r, request_prompts in enumerate(prompts) if step < len(request_prompts)]
         held = {r: drafts[r][-1] if drafts[r] else [] for r in rows}
         accepted = {r: verified_length(model, prompts[r][step], held[r], decode.rule) for r in rows}
-        regenerate = [r for r in rows if not (accepted[r] == len(held[r]) and answer_finished(held[r], eos_token_ids, max_new_tokens))]
+        # A finished draft kept whole is the new draft: the verify pass alone.
+        kept_whole = {r for r in rows if accepted[r] == len(held[r]) and answer_finished(held[r], eos_token_ids, max_new_tokens)}
+        regenerate = [r for r in rows if r not in kept_whole]
         tails = batched_greedy(
             model, [prompts[r][step] + held[r][: accepted[r]] for r in regenerate], pad_token_id,
             eos_token_ids, [max_new_tokens - accepted[r] for r in regenerate], batch_size,
