@@ -32,6 +32,7 @@ class BeforeAfterConfig:
 
     model: str = field(default="smollm2", metadata={"help": "Base model (embedded name, hub id, dir or .gguf)."})
     adapted: str = field(default="outputs/train/smollm2_prefix/adapter", metadata={"help": "Adapted model: LoRA adapter dir or merged model dir."})
+    more_adapted: dict[str, str] = field(default_factory=dict, metadata={"help": "Further adapted models, side name -> dir (e.g. {distill: <adapter>}); each adds a side to every table."})
     benchmarks: list[str] = field(default_factory=lambda: ["humaneval"], metadata={"help": "Benchmarks to run on both sides."})
     data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark name, e.g. {mbpp: path}."})
     limit: int | None = field(default=10, metadata={"help": "Requests per benchmark (first N with n >= 2); null: all; 0: check only (both sides' settings, data, models, output dirs), evaluate and write nothing."})
@@ -45,12 +46,20 @@ class BeforeAfterConfig:
 
     def __post_init__(self) -> None:
         check_limit(self.limit)
+        for name in self.more_adapted:
+            if name in ("before", "after") or not name.replace("_", "").replace("-", "").isalnum():
+                raise ValueError(f"more_adapted: side name {name!r} must be a plain name other than before/after")
+
+    @property
+    def sides(self) -> dict[str, str]:
+        """Side name -> model, in report order: the base first."""
+        return {"before": self.model, "after": self.adapted, **self.more_adapted}
 
 
 def side_config(config: BeforeAfterConfig, side: str, benchmark: str) -> EvalConfig:
     """The evaluation of one side on one benchmark; everything but the model is shared."""
     return EvalConfig(
-        model=config.model if side == "before" else config.adapted,
+        model=config.sides[side],
         benchmark=benchmark,
         data_path=config.data_paths.get(benchmark),
         limit=config.limit,
@@ -63,32 +72,32 @@ def side_config(config: BeforeAfterConfig, side: str, benchmark: str) -> EvalCon
 
 
 def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]]]:
-    """Evaluate both sides, write the report; returns summaries[benchmark][side].
-    Both sides are checked first (data, base and adapted weights, results already in
+    """Evaluate every side, write the report; returns summaries[benchmark][side].
+    Every side is checked first (data, base and adapted weights, results already in
     output_dir: a retrained adapter at the same path is refused, not reused), so a
     bad setting fails before any model loads or any file is written."""
     output_dir = Path(config.output_dir)
     unknown = set(config.data_paths) - set(config.benchmarks)
     if unknown:
         raise ValueError(f"data_paths names benchmarks not in benchmarks: {', '.join(sorted(unknown))}")
-    for side in ("before", "after"):
+    for side in config.sides:
         for benchmark in config.benchmarks:
             prepare_evaluation(side_config(config, side, benchmark))
     if config.limit == 0:
-        print(f"limit=0: both sides of {', '.join(config.benchmarks)} checked; nothing evaluated, nothing written")
+        print(f"limit=0: every side of {', '.join(config.benchmarks)} checked; nothing evaluated, nothing written")
         return {}
     output_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, output_dir / "config.yaml")
     summaries: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in config.benchmarks}
     records: dict[str, dict[str, list[dict[str, Any]]]] = {b: {} for b in config.benchmarks}
-    for side in ("before", "after"):
+    for side in config.sides:
         for benchmark in config.benchmarks:
             evaluation = side_config(config, side, benchmark)
             summaries[benchmark][side] = run_evaluation(evaluation)
             records[benchmark][side] = load_records(Path(evaluation.output_dir) / "results.jsonl")
     figures = write_figures(summaries, records, output_dir / "figures")
     write_reports(config, summaries, figures, output_dir)
-    for side in ("before", "after"):
+    for side in config.sides:
         log_side(config, side, summaries, records, figures, config_to_dict(config))
     print(f"\nreport: {output_dir / 'report.md'}\n        {output_dir / 'report.html'}")
     return summaries
@@ -106,34 +115,37 @@ def report_tables(summaries: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
     """Table 1 (quality), 2 (speedup), 3 (acceptance), with a macro-average row."""
     rows = dict(summaries)
     if len(rows) > 1:
-        rows["macro average"] = {side: macro_average({b: s[side] for b, s in summaries.items()})
-                                 for side in ("before", "after")}
+        sides = next(iter(summaries.values()))
+        rows["macro average"] = {side: macro_average({b: s[side] for b, s in summaries.items()}) for side in sides}
 
-    def arrow(summary_pair, key, fmt):
-        before, after = (summary_pair[side].get(key) for side in ("before", "after"))
-        return f"{_fmt(before, fmt)} → {_fmt(after, fmt)}"
+    def arrow(by_side, key, fmt):
+        return " → ".join(_fmt(summary.get(key), fmt) for summary in by_side.values())
 
     table1 = (["benchmark", "quality base", "quality stream"],
               [[b, arrow(s, "quality_base", "{:.1%}"), arrow(s, "quality_stream", "{:.1%}")] for b, s in rows.items()])
-    table2 = (["benchmark", "median speedup (fwd)", "mean speedup (fwd)", "median speedup (wall)", "residual fwd (median)",
-               "median vs lookup baseline (fwd)"],
+    table2 = (["benchmark", "median speedup (fwd)", "mean speedup (fwd)", "median speedup (wall)", "mean speedup (wall)",
+               "residual fwd (median)", "median vs lookup baseline (fwd)"],
               [[b, arrow(s, "speedup_forwards_median", "{:.2f}x"), arrow(s, "speedup_forwards_mean", "{:.2f}x"),
-                arrow(s, "speedup_wall_median", "{:.2f}x"), arrow(s, "forwards_stream_median", "{:g}"),
-                arrow(s, "speedup_lookup_forwards_median", "{:.2f}x")] for b, s in rows.items()])
-    table3 = (["benchmark", "draft kept", "1-forward share", "accept none", "accept all"],
+                arrow(s, "speedup_wall_median", "{:.2f}x"), arrow(s, "speedup_wall_mean", "{:.2f}x"),
+                arrow(s, "forwards_stream_median", "{:g}"), arrow(s, "speedup_lookup_forwards_median", "{:.2f}x")]
+               for b, s in rows.items()])
+    table3 = (["benchmark", "draft kept", "1-forward share", "accept none", "accept partial", "accept all"],
               [[b, arrow(s, "draft_kept_mean", "{:.1%}"), arrow(s, "single_forward_share", "{:.1%}"),
-                arrow(s, "acceptance_none", "{:.0%}"), arrow(s, "acceptance_all", "{:.0%}")] for b, s in rows.items()])
-    return {"Table 1: quality (before → after)": table1, "Table 2: speedup (before → after)": table2,
-            "Table 3: acceptance (before → after)": table3}
+                arrow(s, "acceptance_none", "{:.0%}"), arrow(s, "acceptance_partial", "{:.0%}"),
+                arrow(s, "acceptance_all", "{:.0%}")] for b, s in rows.items()])
+    order = " → ".join(next(iter(rows.values())))
+    return {f"Table 1: quality ({order})": table1, f"Table 2: speedup ({order})": table2,
+            f"Table 3: acceptance ({order})": table3}
 
 
 def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], output_dir: Path) -> None:
     tables = report_tables(summaries)
-    markdown = [f"# Before/after streaming report\n\nbase `{config.model}` → adapted `{config.adapted}`, "
+    models = " → ".join(f"{side} `{model}`" for side, model in config.sides.items())
+    markdown = [f"# Before/after streaming report\n\n{models}, "
                 f"{decode_label(config.decode)}, max_new_tokens {config.decode.max_new_tokens}, limit {config.limit}\n"]
     for title, (header, rows) in tables.items():
         markdown += [f"## {title}\n", markdown_rows(header, rows), ""]
-    for side in ("before", "after"):
+    for side in config.sides:
         markdown += [f"## All columns, {side}\n", markdown_table({b: s[side] for b, s in summaries.items()}), ""]
     markdown += [f"![{p.stem}](figures/{p.name})" for p in figures]
     (output_dir / "report.md").write_text("\n".join(markdown) + "\n")

@@ -88,3 +88,31 @@ def test_before_after_checks_both_sides_before_evaluating_either(tmp_path, tiny_
     assert "limit must be" in capsys.readouterr().err and not out.exists()
     assert main([*common, f"adapted={tiny_qwen3_dir}", "limit=0"]) == 0  # check only
     assert "limit=0" in capsys.readouterr().out and not out.exists()
+
+
+def test_a_third_side_is_evaluated_reported_and_logged_like_the_others(tmp_path, tiny_qwen3_dir, monkeypatch):
+    """base, sft and distill in one report: each side's results equal its own evaluation."""
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    sft = make_adapter(tiny_qwen3_dir, tmp_path / "sft", seed=0)
+    distill = make_adapter(tiny_qwen3_dir, tmp_path / "distill", seed=1)
+    out = tmp_path / "report"
+    assert main([f"model={tiny_qwen3_dir}", f"adapted={sft}", f"more_adapted={{distill: {distill}}}", "limit=2",
+                 "decode.max_new_tokens=8", f"output_dir={out}"]) == 0
+    answers = {side: [json.loads(line)["base_answer"] for line in (out / side / "humaneval" / "results.jsonl").open()]
+               for side in ("before", "after", "distill")}
+    assert answers["distill"] != answers["after"] and answers["distill"] != answers["before"]
+    summary = json.loads((out / "summary.json").read_text())["humaneval"]
+    assert list(summary) == ["before", "after", "distill"]
+    report = (out / "report.md").read_text()
+    assert "Table 3: acceptance (before → after → distill)" in report and f"distill `{distill}`" in report
+    table2_row = next(line for line in report.splitlines() if line.startswith("| humaneval") and "x →" in line)
+    assert table2_row.count("→") == 2 * 6  # each of Table 2's six cells holds three sides
+    assert len(sorted((out / "wandb").glob("offline-run-*"))) == 3
+
+
+def test_more_adapted_side_names_are_checked():
+    with pytest.raises(ValueError, match="side name 'after'"):
+        BeforeAfterConfig(more_adapted={"after": "x"})
+    with pytest.raises(ValueError, match="side name 'a/b'"):
+        BeforeAfterConfig(more_adapted={"a/b": "x"})

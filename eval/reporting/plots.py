@@ -11,18 +11,23 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-SIDES = (("before", "tab:gray"), ("after", "tab:blue"))
+SIDE_COLORS = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:purple")  # before, after, further sides
+
+
+def side_colors(sides) -> list[tuple[str, str]]:
+    """(side, color) in report order; the base is always grey."""
+    return [(side, SIDE_COLORS[i % len(SIDE_COLORS)]) for i, side in enumerate(sides)]
 
 
 def speedup_histogram(records: dict[str, list[dict[str, Any]]], title: str, path: Path) -> Path:
-    """Per-request residual speedup (forwards), log-scale bins, before and after overlaid."""
+    """Per-request residual speedup (forwards), log-scale bins, every side overlaid."""
     speedups = {side: [r["baseline_forwards"] / r["residual_forwards"] for r in rows] for side, rows in records.items()}
     values = [v for side in speedups.values() for v in side]
     top = max(values + [2.0])
     bins = np.logspace(np.log10(min(values + [1.0]) * 0.9), np.log10(top * 1.1), 25)
     figure, axes = plt.subplots(figsize=(6, 3.5))
-    for side, color in SIDES:
-        if speedups.get(side):
+    for side, color in side_colors(speedups):
+        if speedups[side]:
             axes.hist(speedups[side], bins=bins, alpha=0.6, color=color, label=f"{side} (median {np.median(speedups[side]):.2f}x)")
     axes.set_xscale("log")
     axes.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
@@ -36,18 +41,19 @@ def speedup_histogram(records: dict[str, list[dict[str, Any]]], title: str, path
 def acceptance_bars(summaries: dict[str, dict[str, dict[str, Any]]], path: Path) -> Path:
     """Share of requests whose final draft was kept not at all / partly / wholly."""
     benchmarks = list(summaries)
+    sides = list(summaries[benchmarks[0]])
     kinds = ("acceptance_none", "acceptance_partial", "acceptance_all")
-    figure, axes = plt.subplots(figsize=(max(5, 2.2 * len(benchmarks)), 3.5))
-    width = 0.4
-    for offset, (side, _) in enumerate(SIDES):
+    figure, axes = plt.subplots(figsize=(max(5, 1.1 * len(sides) * len(benchmarks)), 3.5))
+    width = 0.8 / len(sides)
+    for offset, side in enumerate(sides):
         bottom = np.zeros(len(benchmarks))
         for kind, color in zip(kinds, ("tab:red", "tab:orange", "tab:green")):
             heights = np.array([summaries[b][side].get(kind, 0.0) for b in benchmarks])
             label = kind.split("_")[1] if offset == 0 else None
-            axes.bar(np.arange(len(benchmarks)) + (offset - 0.5) * width, heights, width * 0.95,
+            axes.bar(np.arange(len(benchmarks)) + (offset - (len(sides) - 1) / 2) * width, heights, width * 0.95,
                      bottom=bottom, color=color, label=label, edgecolor="white")
             bottom += heights
-    axes.set_xticks(np.arange(len(benchmarks)), [f"{b}\nbefore | after" for b in benchmarks])
+    axes.set_xticks(np.arange(len(benchmarks)), [f"{b}\n{' | '.join(sides)}" for b in benchmarks])
     axes.set_ylabel("share of requests")
     axes.set_ylim(0, 1)
     axes.set_title("Final-draft acceptance")

@@ -30,7 +30,7 @@ def log_side(config, side: str, summaries, records, figures: list[Path], resolve
         job_type=f"eval-{side}",
         dir=str(Path(config.output_dir)),
         mode=wandb_mode(config.wandb_project),
-        config={"side": side, "model": config.model if side == "before" else config.adapted, "report": resolved},
+        config={"side": side, "model": config.sides[side], "report": resolved},
         reinit="finish_previous",
     )
     for benchmark, sides in summaries.items():
