@@ -31,6 +31,7 @@ from data_builders.paths import resolve
 from data_builders.report import Report
 from data_builders.select import choose, column, eligible_rows
 from data_builders.sources import SOURCES
+from headstart.benchmark_registry import MBPP_SPLIT_IDS
 from headstart.config import RecipeError
 
 
@@ -51,6 +52,9 @@ def validate(config: BuildConfig) -> None:
     unknown = [s for s in config.sources if s not in SOURCES]
     if not config.sources or unknown:
         raise RecipeError(f"sources: unknown {unknown or 'empty list'}; known: {', '.join(SOURCES)}")
+    splits = config.filters.mbpp_splits
+    if not splits or not set(splits) <= set(MBPP_SPLIT_IDS) - {"test"}:
+        raise RecipeError(f"filters.mbpp_splits={splits}; choose from train, validation, prompt (test is evaluated)")
     if not 0 <= config.validation_fraction < 1:
         raise RecipeError("validation_fraction must be in [0, 1)")
     if config.num_proc < 1 or config.generation.batch_size < 1:

@@ -23,6 +23,7 @@ from data_builders.paths import resolve
 from data_builders.readers import RawRow, file_stamp, iter_file, iter_hub
 from data_builders.report import Report
 from data_builders.sources import SOURCES, Limits, Request
+from headstart.benchmark_registry import MBPP_SPLIT_IDS
 
 SCHEMA = pa.schema(
     [
@@ -55,6 +56,7 @@ def collect_key(config: BuildConfig) -> str:
         where = file_stamp(resolve(spec.path)) if spec.path and resolve(spec.path).is_file() else str(spec)
         parts.append([name, where, spec.max_rows])
     parts.append([config.filters.languages, config.filters.max_request_chars, config.filters.max_answer_chars])
+    parts.append(sorted(config.filters.mbpp_splits))
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -98,7 +100,8 @@ def check_locations(config: BuildConfig) -> None:
 
 def _collect_source(config: BuildConfig, name: str, writer: pa.ipc.RecordBatchStreamWriter, report: Report) -> None:
     spec, info = source_spec(config, name), SOURCES[name]
-    limits = Limits(config.filters.max_request_chars, config.filters.max_answer_chars, tuple(config.filters.languages))
+    limits = Limits(config.filters.max_request_chars, config.filters.max_answer_chars, tuple(config.filters.languages),
+                    tuple(MBPP_SPLIT_IDS[split] for split in config.filters.mbpp_splits))
     fingerprint: dict[str, str] = {}
     rows, location = _rows(spec, info, fingerprint)
     drops: Counter = Counter()

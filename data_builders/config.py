@@ -24,6 +24,7 @@ class FilterConfig:
     min_segments: int = field(default=2, metadata={"help": "Requests with fewer segments are dropped (n = 1 has nothing to stream)."})
     max_request_chars: int = field(default=16000, metadata={"help": "Longer requests are absurd and skipped."})
     max_answer_chars: int = field(default=32000, metadata={"help": "Longer reference answers are absurd and skipped."})
+    mbpp_splits: list[str] = field(default_factory=lambda: ["train"], metadata={"help": "MBPP splits read: train, validation, prompt (never test, which is evaluated)."})
 
 
 @dataclass
@@ -62,7 +63,7 @@ class BuildConfig:
     name: str = field(default="dataset", metadata={"help": "Dataset name; the default output is outputs/data/NAME."})
     sources: list[str] = field(default_factory=lambda: ["lmsys"], metadata={"help": "Corpora to read: lmsys, mbpp, magicoder, evol_codealpaca, embedded."})
     lmsys: SourceSpec = field(default_factory=SourceSpec, metadata={"help": "LMSYS-Chat-1M location."})
-    mbpp: SourceSpec = field(default_factory=SourceSpec, metadata={"help": "MBPP location (train ids 601-974 are used)."})
+    mbpp: SourceSpec = field(default_factory=SourceSpec, metadata={"help": "MBPP location (the full release; filters.mbpp_splits picks the ids)."})
     magicoder: SourceSpec = field(default_factory=SourceSpec, metadata={"help": "Magicoder-OSS-Instruct-75K location."})
     evol_codealpaca: SourceSpec = field(default_factory=SourceSpec, metadata={"help": "Evol-CodeAlpaca location."})
     embedded: SourceSpec = field(

@@ -23,7 +23,7 @@ REASONS = {
     "language": "LMSYS language not in filters.languages",
     "redacted": "LMSYS conversation redacted",
     "flagged": "a message was flagged by OpenAI moderation",
-    "not_mbpp_train": "MBPP task id outside the train split 601-974",
+    "mbpp_split_not_read": "MBPP task id outside the splits read (filters.mbpp_splits; test 11-510 never)",
     "single_segment": "fewer than filters.min_segments segments (nothing to stream)",
     "duplicate": "same normalised request text as an earlier request",
     "contaminated_exact": "request equals a benchmark text (normalised)",

