@@ -1,0 +1,247 @@
+"""What adaptation buys on this CPU: the base model against `objective: sft` and `objective: distill`.
+
+    python benchmarks/study_adaptation.py recipe=study_smollm2 [max_steps=60 limit=20 ...]
+
+One command, resumable after a kill at any point (every stage keeps its files and
+skips or resumes what is done), hours on two cores:
+
+1. data: self-distilled prefix-to-answer rows (`recipes/data/smollm2_code_self.yaml`);
+2. learning-rate sweep: a short run per objective and rate, scored by the objective's
+   own loss on the validation split (sft: cross-entropy; distill: KL to the teacher);
+3. training: each objective at its best rate, equal compute (same steps, batch,
+   length and rows), LoRA as the paper; checkpoints for the learning curve;
+4. evaluation: base, sft and distill with identical settings (`eval.before_after`
+   with a third side), greedy and lossless;
+5. learning curve: the intermediate checkpoints on the curve benchmark;
+6. report: `<output_dir>/study.md` (sweep, Table 1-3, curve) and figures, W&B group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eval.before_after import BeforeAfterConfig, report_tables, run_before_after
+from eval.config import EvalConfig
+from eval.engines.decode import DecodeSpec
+from eval.reporting.plots import learning_curve, residual_forwards_boxes
+from eval.reporting.tables import markdown_rows
+from eval.runner import load_records, run_evaluation
+from headstart.config import dump_config, run_cli
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CURVE_KEYS = ("forwards_stream_median", "draft_kept_mean", "single_forward_share", "quality_stream")
+
+
+@dataclass
+class StudyConfig:
+    """Base vs sft vs distill at equal compute, on the embedded model."""
+
+    model: str = field(default="smollm2", metadata={"help": "Base model; every train recipe must start from it."})
+    data_recipe: str = field(default="smollm2_code_self", metadata={"help": "Data-builder recipe of the training rows."})
+    objectives: dict[str, str] = field(default_factory=lambda: {"sft": "smollm2_prefix", "distill": "smollm2_distill"},
+                                       metadata={"help": "Side name -> train recipe (its objective and LoRA are used)."})
+    learning_rates: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3],
+                                        metadata={"help": "Rates swept per objective on the validation split."})
+    sweep_steps: int = field(default=20, metadata={"help": "Optimizer steps of each sweep run."})
+    max_steps: int = field(default=120, metadata={"help": "Optimizer steps of each final run (equal for every objective)."})
+    curve_points: int = field(default=3, metadata={"help": "Checkpoints on the learning curve (the last is the final adapter)."})
+    effective_batch_size: int = field(default=8, metadata={"help": "Rows per optimizer step."})
+    per_device_train_batch_size: int = field(default=2, metadata={"help": "Rows per micro-step."})
+    max_length: int = field(default=1024, metadata={"help": "Tokens per row (the data recipe's caps.max_tokens)."})
+    benchmarks: list[str] = field(default_factory=lambda: ["humaneval", "mbpp"], metadata={"help": "Evaluated benchmarks."})
+    data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark, e.g. {mbpp: path}."})
+    limit: int = field(default=40, metadata={"help": "Requests per benchmark (the first N test problems)."})
+    curve_benchmark: str = field(default="humaneval", metadata={"help": "Benchmark of the learning curve."})
+    decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decode settings of every evaluation."})
+    threads: int = field(default=2, metadata={"help": "Torch threads for training and evaluation."})
+    output_dir: str = field(default="outputs/study/smollm2", metadata={"help": "Everything the study writes."})
+    wandb_group: str | None = field(default=None, metadata={"help": "W&B group of every run; default study-<output dir name>."})
+
+    def __post_init__(self) -> None:
+        if self.curve_benchmark not in self.benchmarks:
+            raise ValueError(f"curve_benchmark={self.curve_benchmark!r} is not in benchmarks {self.benchmarks}")
+        if not 1 <= self.curve_points <= self.max_steps or self.sweep_steps < 1:
+            raise ValueError("need 1 <= curve_points <= max_steps and sweep_steps >= 1")
+        if self.max_steps % self.curve_points:
+            raise ValueError(f"max_steps={self.max_steps} must be a multiple of curve_points={self.curve_points}")
+        if not self.learning_rates or "before" in self.objectives:
+            raise ValueError("learning_rates must not be empty; 'before' is the base model's side, not an objective")
+
+    @property
+    def group(self) -> str:
+        return self.wandb_group or f"study-{Path(self.output_dir).name}"
+
+
+# --- Subprocess stages (each resumes by itself) -----------------------------------
+
+
+def stage_env(config: StudyConfig) -> dict[str, str]:
+    """Offline hub, the study's thread count, and every W&B run in the study's group."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(config.threads), WANDB_RUN_GROUP=config.group)
+    env.setdefault("WANDB_MODE", "online" if env.get("WANDB_PROJECT") else "offline")
+    return env
+
+
+def run_stage(config: StudyConfig, argv: list[str]) -> None:
+    print(f"\n$ {' '.join(argv)}", flush=True)
+    subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, env=stage_env(config), check=True)
+
+
+def build_data(config: StudyConfig, data_dir: Path) -> None:
+    if not (data_dir / "dataset_dict.json").is_file():
+        run_stage(config, ["-m", "data_builders", f"recipe={config.data_recipe}", f"output_dir={data_dir}"])
+
+
+def train(config: StudyConfig, objective: str, run_dir: Path, data_dir: Path, learning_rate: float, steps: int,
+          save_steps: int, evaluate: bool) -> Path:
+    """One training run to `run_dir`; a finished run (its adapter saved) is not run again."""
+    if not (run_dir / "adapter" / "adapter_config.json").is_file():
+        run_stage(config, [
+            "train/sft.py", f"recipe={config.objectives[objective]}", f"model.name_or_path={config.model}",
+            f"data.path={data_dir}", f"training.output_dir={run_dir}", f"training.learning_rate={learning_rate}",
+            f"training.max_steps={steps}", f"training.save_steps={save_steps}", "training.save_total_limit=null",
+            f"training.effective_batch_size={config.effective_batch_size}",
+            f"training.per_device_train_batch_size={config.per_device_train_batch_size}",
+            f"training.max_length={config.max_length}", f"training.eval_steps={steps if evaluate else 0}",
+            "training.merge=false", f"training.run_name={config.group}-{run_dir.name}",
+        ])
+    return run_dir / "adapter"
+
+
+def validation_loss(run_dir: Path) -> float:
+    """The last `eval_loss` the trainer logged (in the newest checkpoint's trainer state)."""
+    checkpoints = sorted(run_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    history = json.loads((checkpoints[-1] / "trainer_state.json").read_text())["log_history"]
+    losses = [entry["eval_loss"] for entry in history if "eval_loss" in entry]
+    if not losses:
+        raise ValueError(f"{run_dir}: no eval_loss logged; is there a validation split?")
+    return losses[-1]
+
+
+# --- The study, top to bottom ------------------------------------------------------
+
+
+def sweep(config: StudyConfig, output: Path, data_dir: Path) -> dict[str, dict[str, float]]:
+    """losses[objective][rate]: the validation loss after `sweep_steps` at each rate."""
+    losses: dict[str, dict[str, float]] = {}
+    for objective in config.objectives:
+        for rate in config.learning_rates:
+            run_dir = output / "sweep" / f"{objective}-lr{rate:g}"
+            train(config, objective, run_dir, data_dir, rate, config.sweep_steps, config.sweep_steps, evaluate=True)
+            losses.setdefault(objective, {})[f"{rate:g}"] = validation_loss(run_dir)
+    (output / "sweep.json").write_text(json.dumps(losses, indent=1) + "\n")
+    return losses
+
+
+def curve(config: StudyConfig, output: Path, runs: dict[str, Path], summaries: dict) -> dict[str, list[dict]]:
+    """Curve points per objective: the base (step 0), each intermediate checkpoint, the final adapter."""
+    base = summaries[config.curve_benchmark]["before"]
+    sides = dict(zip(config.objectives, ["after", *list(config.objectives)[1:]]))  # objective -> report side
+    points: dict[str, list[dict]] = {}
+    every = config.max_steps // config.curve_points
+    for objective, run_dir in runs.items():
+        points[objective] = [{"step": 0, **{k: base[k] for k in CURVE_KEYS}}]
+        for step in range(every, config.max_steps, every):
+            evaluation = EvalConfig(model=str(run_dir / f"checkpoint-{step}"), benchmark=config.curve_benchmark,
+                                    data_path=config.data_paths.get(config.curve_benchmark), limit=config.limit,
+                                    decode=config.decode, output_dir=str(output / "curve" / objective / f"step-{step}"))
+            summary = run_evaluation(evaluation)
+            points[objective].append({"step": step, **{k: summary[k] for k in CURVE_KEYS}})
+        final = summaries[config.curve_benchmark][sides[objective]]
+        points[objective].append({"step": config.max_steps, **{k: final[k] for k in CURVE_KEYS}})
+    (output / "curve.json").write_text(json.dumps(points, indent=1) + "\n")
+    return points
+
+
+def run_study(config: StudyConfig) -> None:
+    torch.set_num_threads(config.threads)
+    output = Path(config.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    dump_config(config, output / "config.yaml")
+    data_dir = output / "data"
+
+    # --- 1. Data ----------------------------------------------------------------
+    build_data(config, data_dir)
+
+    # --- 2. Learning-rate sweep ---------------------------------------------------
+    losses = sweep(config, output, data_dir)
+    best = {objective: float(min(rates, key=rates.get)) for objective, rates in losses.items()}
+    print(f"learning rates chosen: {best}", flush=True)
+
+    # --- 3. Training at equal compute -------------------------------------------------
+    every = config.max_steps // config.curve_points
+    runs = {objective: output / "train" / objective for objective in config.objectives}
+    adapters = {objective: train(config, objective, runs[objective], data_dir, best[objective], config.max_steps,
+                                 every, evaluate=False) for objective in config.objectives}
+
+    # --- 4. Base vs every objective, identical settings -------------------------------
+    first, *more = config.objectives
+    report = BeforeAfterConfig(model=config.model, adapted=str(adapters[first]),
+                               more_adapted={name: str(adapters[name]) for name in more}, benchmarks=config.benchmarks,
+                               data_paths=config.data_paths, limit=config.limit, decode=config.decode,
+                               output_dir=str(output / "report"), wandb_group=config.group)
+    summaries = run_before_after(report)
+
+    # --- 5. Learning curve -------------------------------------------------------------
+    points = curve(config, output, runs, summaries)
+
+    # --- 6. Report ---------------------------------------------------------------------
+    write_study_report(config, output, losses, best, summaries, points)
+
+
+def write_study_report(config: StudyConfig, output: Path, losses, best, summaries, points) -> None:
+    figures = output / "figures"
+    records = {b: {side: load_records(output / "report" / side / b / "results.jsonl") for side in summaries[b]}
+               for b in config.benchmarks}
+    curve_png = learning_curve(points, f"{config.curve_benchmark}, first {config.limit}", figures / "learning_curve.png")
+    boxes_png = residual_forwards_boxes(records, figures / "residual_forwards.png")
+    first = next(iter(config.objectives))
+    lines = [f"# Adaptation study: {config.model}, base vs {' vs '.join(config.objectives)}\n",
+             f"Side `after` is `{first}`. Equal compute: {config.max_steps} steps x {config.effective_batch_size} rows, "
+             f"max length {config.max_length}. Evaluation: first {config.limit} problems, {config.decode.acceptance}, "
+             f"regenerate={config.decode.regenerate}, {config.decode.max_new_tokens} tokens.\n",
+             f"## Learning-rate sweep ({config.sweep_steps} steps, validation loss of each objective)\n",
+             markdown_rows(["objective", *losses[first], "chosen"],
+                           [[o, *(f"{v:.4f}" for v in rates.values()), f"{best[o]:g}"] for o, rates in losses.items()]), ""]
+    for title, (header, rows) in report_tables(summaries).items():
+        lines += [f"## {title}\n", markdown_rows(header, rows), ""]
+    curve_rows = [[o, str(p["step"]), f"{p['forwards_stream_median']:g}", f"{p['draft_kept_mean']:.1%}",
+                   f"{p['single_forward_share']:.1%}", f"{p['quality_stream']:.1%}"] for o, ps in points.items() for p in ps]
+    lines += [f"## Learning curve ({config.curve_benchmark})\n",
+              markdown_rows(["objective", "step", "median residual fwd", "draft kept", "1-forward", "pass@1"], curve_rows),
+              "", f"![learning curve](figures/{curve_png.name})", f"![residual forwards](figures/{boxes_png.name})"]
+    (output / "study.md").write_text("\n".join(lines) + "\n")
+    log_curve(config, output, points, [curve_png, boxes_png])
+    print(f"\nstudy report: {output / 'study.md'}", flush=True)
+
+
+def log_curve(config: StudyConfig, output: Path, points, figures: list[Path]) -> None:
+    """The learning curve as one more run of the study's W&B group."""
+    import wandb
+
+    from eval.reporting.wandb_report import wandb_mode
+
+    run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "headstart", group=config.group,
+                     name=f"{config.group}-curve", job_type="study-curve", dir=str(output),
+                     mode=wandb_mode(None), reinit="finish_previous")
+    columns = ["objective", "step", *CURVE_KEYS]
+    run.log({"learning_curve": wandb.Table(columns=columns, data=[[o, p["step"], *(p[k] for k in CURVE_KEYS)]
+                                                                    for o, ps in points.items() for p in ps])})
+    run.log({path.stem: wandb.Image(str(path)) for path in figures})
+    run.finish()
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(StudyConfig, run_study, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
