@@ -58,4 +58,6 @@ def test_shipped_answers_are_smollm2_greedy_answers(tmp_path):
     assert len(fresh.answers) == len(shipped)
     expected = {e["key"]: e["answer"] for e in shipped}
     assert all(fresh.get(e["key"]) == expected[e["key"]] for e in shipped[: settings.batch_size])
+    # The shipped `finished` flags are what the backend reports (whether the answer ended before the cap).
+    assert all(fresh.finished(e["key"]) == e["finished"] for e in shipped[: settings.batch_size])
     assert sorted(answers) == sorted(expected.values())
