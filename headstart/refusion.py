@@ -75,4 +75,3 @@ def add_refusion_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBa
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
     return [tokenizer.convert_tokens_to_ids(t) for t in missing]
-

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,7 +19,7 @@ import torch
 from datasets import Dataset, DatasetDict
 
 from headstart.config import dump_config
-from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, TRAINING_RECORD, read_training_record
+from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, read_training_record
 from train.checkpoints import (
     COMPLETE_MARKER, TOPOLOGY_FILE, CompletenessMarker, Topology, check_resume, checkpoint_topology, launch_topology,
 )
@@ -28,7 +27,7 @@ from train.config import RecipeValueError, batch_plan
 from train.sft import parse_recipe
 
 from test_train_support import REPO, humaneval_dialogues, launch, launch_command, launch_env, tiny_overrides
-from test_train_support import write_dataset_dict, write_jsonl
+from test_train_support import write_jsonl
 
 
 # --- Resume on another topology ------------------------------------------------------------
