@@ -25,6 +25,7 @@ class AnswerCache:
     def __init__(self, path: Path, read_only: list[Path] | None = None) -> None:
         self.path = Path(path)
         self.answers: dict[str, str] = {}
+        self.ended: dict[str, bool] = {}  # `finished` of the entries that record it
         for extra in read_only or []:
             if not Path(extra).is_file():
                 raise FileNotFoundError(f"generation.cache_files: answer cache not found: {extra}")
@@ -40,12 +41,18 @@ class AnswerCache:
                 except (json.JSONDecodeError, UnicodeDecodeError):
                     continue  # the partial last line of a killed run
                 self.answers[entry["key"]] = entry["answer"]
+                if "finished" in entry:
+                    self.ended[entry["key"]] = bool(entry["finished"])
 
     def __contains__(self, key: str) -> bool:
         return key in self.answers
 
     def get(self, key: str) -> str:
         return self.answers[key]
+
+    def finished(self, key: str) -> bool | None:
+        """Whether the answer ended before the token cap; None for an entry written before the flag."""
+        return self.ended.get(key)
 
     def add(self, entries: list[dict]) -> None:
         """Append entries ({key, answer, ...}) durably."""
@@ -57,3 +64,5 @@ class AnswerCache:
             os.fsync(handle.fileno())
         for entry in entries:
             self.answers[entry["key"]] = entry["answer"]
+            if "finished" in entry:
+                self.ended[entry["key"]] = bool(entry["finished"])

@@ -1,4 +1,11 @@
-"""Answers and drafts for the chosen requests: the corpus's own, or the model's greedy ones."""
+"""Answers and drafts for the chosen requests: the corpus's own, or the model's greedy ones.
+
+A self-distilled answer that reached `generation.max_new_tokens` without ending is
+dropped with its request (reason `answer_hit_token_cap`, counted in the report and
+the card): kept, it would be trained as a complete turn and teach early stopping.
+Drafts are context, never targets, and a draft cut at the cap is what the evaluator
+holds too: they are kept.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +16,12 @@ from datasets import Dataset
 
 from data_builders.answer_cache import AnswerCache
 from data_builders.config import BuildConfig
-from data_builders.generation import GenerationSettings, cache_path, greedy_answers
+from data_builders.generation import GenerationSettings, cache_path, greedy_answers, greedy_answers_finished
 from data_builders.paths import resolve
 from data_builders.select import Selection
 
 
-Answers = dict[int, str]  # analysed row -> answer to the complete request
+Answers = dict[int, str | None]  # analysed row -> answer to the complete request (None: cut at the token cap)
 Drafts = dict[tuple[int, int], str]  # (analysed row, i) -> answer to S_(i-1)
 
 
@@ -36,7 +43,8 @@ def gather(analysed: Dataset, selection: Selection, config: BuildConfig, work: P
     requests, rows = subset["request"], chosen.tolist()
     answers = None
     if config.answers == "self":
-        answers = dict(zip(rows, greedy_answers(list(requests), settings, cache, desc="self-distil answers")))
+        generated = greedy_answers_finished(list(requests), settings, cache, desc="self-distil answers")
+        answers = {row: answer if finished else None for row, (answer, finished) in zip(rows, generated)}
     if config.pairs != "draft_refinement":
         return answers, None
     wanted = [
@@ -50,7 +58,12 @@ def gather(analysed: Dataset, selection: Selection, config: BuildConfig, work: P
 
 
 def has_answer(analysed: Dataset, chosen: np.ndarray, answers: Answers | None) -> np.ndarray:
-    """Which chosen requests have a non-empty answer (empty ones are excluded)."""
+    """Which chosen requests have a usable answer (empty and cut ones are excluded)."""
     if answers is not None:
-        return np.array([bool(answers[int(row)].strip()) for row in chosen], dtype=bool)
+        return np.array([bool(answers[int(row)] and answers[int(row)].strip()) for row in chosen], dtype=bool)
     return analysed.data.column("has_reference").to_numpy(zero_copy_only=False)[chosen]
+
+
+def cut_answers(chosen: np.ndarray, answers: Answers | None) -> int:
+    """How many chosen requests lost their answer to the token cap."""
+    return 0 if answers is None else sum(answers[int(row)] is None for row in chosen)

@@ -20,7 +20,7 @@ from datasets import Dataset, DatasetDict, DatasetInfo
 from data_builders.analyse import VERSION as ANALYSIS_VERSION
 from data_builders.analyse import analyse_batch
 from data_builders.answers import gather as gather_answers
-from data_builders.answers import has_answer
+from data_builders.answers import cut_answers, has_answer
 from data_builders.card import length_stats
 from data_builders.collect import check_locations, collect, collect_key
 from data_builders.config import BuildConfig
@@ -98,7 +98,9 @@ def build(config: BuildConfig, command: str = "python -m data_builders") -> Path
     rows = eligible_rows(analysed, config, _token_budget(analysed, config), report)
     selection = choose(rows, column(analysed, "num_segments"), config, report)
     answers, drafts = gather_answers(analysed, selection, config, work)
-    report.drop("empty_answer", int((~has_answer(analysed, selection.rows(), answers)).sum()))
+    cut = cut_answers(selection.rows(), answers)
+    report.drop("answer_hit_token_cap", cut)
+    report.drop("empty_answer", int((~has_answer(analysed, selection.rows(), answers)).sum()) - cut)
     splits = {"train": _expand(analysed, selection.train, selection, answers, drafts, config, tokenizer, work, "train", report)}
     if len(selection.validation):
         splits["validation"] = _expand(
@@ -113,6 +115,9 @@ def build(config: BuildConfig, command: str = "python -m data_builders") -> Path
         drops = ", ".join(f"{reason} {count}" for reason, count in report.all_drops().most_common()) or "none"
         raise ValueError(f"no training row is left ({len(requests)} requests read; dropped: {drops}); "
                          f"nothing written to {output}")
+    if not len(splits["validation"]):
+        # `datasets` cannot read back a split saved without rows: none is written (training skips evaluation).
+        del splits["validation"]
     save(DatasetDict(splits), config, report, output, command)
     if not config.keep_work_dir:
         remove_work_dir(work)
@@ -185,6 +190,7 @@ def _expand(analysed, chosen, selection, answers, drafts, config, tokenizer, wor
             "drafts": drafts,
             "fmt": config.format,
             "answer_kind": config.answers,
+            "answer_model": config.model if config.answers == "self" else None,
             "tokenizer": tokenizer,
         },
         new_fingerprint=_key("expand", split, config.seed, len(chosen)),

@@ -28,10 +28,16 @@ def length_stats(values: np.ndarray) -> dict[str, float]:
     }
 
 
-def render_card(name: str, fmt: str, pairs: str, answers: str, report: Report, config_yaml: str, command: str) -> str:
+def render_card(name: str, fmt: str, pairs: str, answers: str, report: Report, config_yaml: str, command: str,
+                model: str | None = None) -> str:
     lines = [f"# {name}", "", f"Built by `{command}` (headstart data builders).", ""]
-    lines += [f"Content: {_FORMATS[(fmt, pairs)]}. Answers: `{answers}`.", ""]
+    written = f" (greedy answers of `{model}`; train that model on them, see `answer_model`)" if answers == "self" and model else ""
+    lines += [f"Content: {_FORMATS[(fmt, pairs)]}. Answers: `{answers}`{written}.", ""]
+    cut = report.drops.get("answer_hit_token_cap", 0)
+    if answers == "self":
+        lines += [f"Answers that reached the token cap without ending: {cut} requests dropped (`answer_hit_token_cap`).", ""]
     lines += ["Provenance columns: `source`, `source_id`, `prefix_index` (i), `num_segments` (n), `answer_kind`, "
+              "`answer_model` (the model that wrote the answer; null for the corpus's own), "
               "`full_request` (S_n, the complete request).", ""]
     lines += _splits(report) + _inputs(report) + _funnel(report) + _drops(report)
     lines += _decontamination(report) + _tokens(report)

@@ -3,6 +3,11 @@
 Batches are fixed slices of the sorted prompt list, so a resumed run pads every
 batch exactly as the uninterrupted run did and produces the same tokens. vLLM
 is used when it is installed and a GPU is present; transformers otherwise.
+
+Each answer is cached with whether it ended (`finished`: the model emitted its end
+of turn) or was cut at `max_new_tokens`. A cut answer must not become a training
+target: rendered as a complete turn it gains an end-of-turn the model never wrote,
+and teaches it to stop early (data_builders/answers.py drops them).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from tqdm import tqdm
 from data_builders.answer_cache import AnswerCache, answer_key
 from headstart.prompts import build_messages, render_prompt
 
-Generate = Callable[[list[str]], list[str]]
+Generate = Callable[[list[str]], list[tuple[str, bool]]]  # prompts -> (answer, finished) each
 
 
 @dataclass
@@ -32,6 +37,13 @@ class GenerationSettings:
 
 def greedy_answers(requests: list[str], settings: GenerationSettings, cache: AnswerCache, desc: str) -> list[str]:
     """The base model's greedy answer to each request (a plain user turn, no system message)."""
+    return [answer for answer, _ in greedy_answers_finished(requests, settings, cache, desc)]
+
+
+def greedy_answers_finished(
+    requests: list[str], settings: GenerationSettings, cache: AnswerCache, desc: str
+) -> list[tuple[str, bool]]:
+    """(greedy answer, whether it ended before max_new_tokens) for each request."""
     tokenizer = _tokenizer(settings.model)
     prompts = [render_prompt(tokenizer, build_messages(r)) for r in requests]
     keys = [answer_key(settings.model, p, settings.max_new_tokens) for p in prompts]
@@ -43,8 +55,19 @@ def greedy_answers(requests: list[str], settings: GenerationSettings, cache: Ans
             continue
         generate = generate or _backend(settings)
         outputs = generate([prompt for _, prompt in batch])
-        cache.add([{"key": k, "model": settings.model, "answer": a} for (k, _), a in zip(batch, outputs)])
-    return [cache.get(key) for key in keys]
+        cache.add([{"key": k, "model": settings.model, "answer": a, "finished": done}
+                   for (k, _), (a, done) in zip(batch, outputs)])
+    return [(cache.get(key), _finished(cache, key, tokenizer, settings.max_new_tokens)) for key in keys]
+
+
+def _finished(cache: AnswerCache, key: str, tokenizer, max_new_tokens: int) -> bool:
+    """The cached flag; for an answer cached before flags existed, judged by its length: one
+    that re-tokenizes to max_new_tokens - 1 tokens or more is taken as cut (decoding and
+    re-encoding can differ by a few tokens, so a cut answer may pass: regenerate to be sure)."""
+    finished = cache.finished(key)
+    if finished is not None:
+        return finished
+    return len(tokenizer(cache.get(key), add_special_tokens=False)["input_ids"]) < max_new_tokens - 1
 
 
 _TOKENIZERS: dict = {}
@@ -76,6 +99,8 @@ def _transformers_backend(settings: GenerationSettings) -> Generate:
     loaded = load_model(settings.model, device=settings.device)
     tokenizer, model = loaded.tokenizer, loaded.model
     tokenizer.padding_side = "left"  # decoding continues from the right edge
+    configured = model.generation_config.eos_token_id
+    eos = {tokenizer.eos_token_id, *(configured if isinstance(configured, (list, tuple)) else [configured])} - {None}
 
     @torch.inference_mode()
     def generate(prompts: list[str]) -> list[str]:
@@ -87,7 +112,11 @@ def _transformers_backend(settings: GenerationSettings) -> Generate:
             pad_token_id=tokenizer.pad_token_id,
         )
         new_tokens = output[:, batch["input_ids"].shape[1] :]
-        return [tokenizer.decode(t, skip_special_tokens=True).strip() for t in new_tokens]
+        # A row ended when it holds an end token; all rows end early when the batch is shorter than the cap.
+        ends = torch.isin(new_tokens, torch.tensor(sorted(eos), device=new_tokens.device)).any(dim=1)
+        short = new_tokens.shape[1] < settings.max_new_tokens
+        return [(tokenizer.decode(t, skip_special_tokens=True).strip(), bool(short or end))
+                for t, end in zip(new_tokens, ends.tolist())]
 
     return generate
 
@@ -105,7 +134,7 @@ def _vllm_backend(settings: GenerationSettings) -> Generate:
         # Token ids, as the transformers path feeds them: the template already holds BOS.
         ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
         outputs = llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False)
-        return [out.outputs[0].text.strip() for out in outputs]
+        return [(out.outputs[0].text.strip(), out.outputs[0].finish_reason != "length") for out in outputs]
 
     return generate
 

@@ -135,7 +135,7 @@ def save(splits: DatasetDict, config: BuildConfig, report: Report, output: Path,
     (partial / "config.yaml").write_text(config_yaml)
     (partial / "report.json").write_text(report.to_json() + "\n")
     (partial / "README.md").write_text(
-        render_card(config.name, config.format, config.pairs, config.answers, report, config_yaml, command)
+        render_card(config.name, config.format, config.pairs, config.answers, report, config_yaml, command, config.model)
     )
     _write_preview(splits["train"], partial / "preview.jsonl", config.preview_rows)
     written = [f for f in _files(partial) if f != OUTPUT_MARKER]

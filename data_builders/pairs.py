@@ -3,8 +3,9 @@
 prefix-to-answer: one row per kept prefix S_i with the answer to the complete
 request. draft-refinement adds `draft`, the model's answer to S_{i-1} ("" for
 i = 1). AR rows are TRL conversational `messages`; ReFusion rows are
-`query`/`response`. Every row carries its provenance, and `full_request`, the
-complete request S_n its prefix S_i is cut from (`objective: distill` prompts the
+`query`/`response`. Every row carries its provenance (`answer_model`: the model
+that wrote a self-distilled answer, null for the corpus's own), and `full_request`,
+the complete request S_n its prefix S_i is cut from (`objective: distill` prompts the
 teacher with it).
 """
 
@@ -18,7 +19,7 @@ from data_builders.analyse import prompt_lengths, text_lengths
 from data_builders.select import Selection
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
 
-PROVENANCE = ["source", "source_id", "prefix_index", "num_segments", "answer_kind", "full_request"]
+PROVENANCE = ["source", "source_id", "prefix_index", "num_segments", "answer_kind", "answer_model", "full_request"]
 STAT_COLUMNS = ["_prompt_tokens", "_answer_tokens", "_draft_tokens"]
 
 
@@ -32,6 +33,7 @@ def expand_batch(
     fmt: str,
     answer_kind: str,
     tokenizer: Any | None,
+    answer_model: str | None = None,
 ) -> dict[str, list[Any]]:
     """Rows for one batch of chosen requests; `indices` are positions in `rows`.
 
@@ -43,8 +45,8 @@ def expand_batch(
     for k, position in enumerate(indices):
         row = int(rows[position])
         answer = answers[row] if answers is not None else batch["reference"][k] or ""
-        if not answer.strip():
-            continue  # empty answers are excluded (PROTOCOL); counted by the builder
+        if not answer or not answer.strip():
+            continue  # empty answers (PROTOCOL) and answers cut at the token cap are excluded; counted by the builder
         request, cuts = batch["request"][k], batch["cuts"][k]
         for i in selection.prefixes(row, len(cuts)):
             queries.append(request[: cuts[i - 1]])
@@ -56,6 +58,7 @@ def expand_batch(
             out["prefix_index"].append(i)
             out["num_segments"].append(len(cuts))
             out["answer_kind"].append(answer_kind)
+            out["answer_model"].append(answer_model)
             out["full_request"].append(request[: cuts[-1]])  # S_n (byte-identical to the request)
     if fmt == "ar":
         out["messages"] = [_messages(q, a) for q, a in zip(queries, responses)]

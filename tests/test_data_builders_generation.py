@@ -55,17 +55,55 @@ def cached_answer(work: Path, model: Path, tokenizer, request: str, max_new_toke
     return cache.get(answer_key(str(model), prompt, max_new_tokens))
 
 
-def test_self_distilled_ar_pairs(tmp_path, tiny_qwen3_dir, tiny_tokenizer):
-    output = build(load_config(BuildConfig, embedded_args(tmp_path / "out", tiny_qwen3_dir, "caps.max_pairs=30")))
+def test_self_distilled_ar_pairs(tmp_path, tiny_qwen3_ending_dir, tiny_tokenizer):
+    model = tiny_qwen3_ending_dir
+    output = build(load_config(BuildConfig, embedded_args(tmp_path / "out", model, "caps.max_pairs=30")))
     data = load_from_disk(str(output))
-    rows = list(data["train"]) + list(data["validation"])
-    assert len(rows) == 30 and {r["answer_kind"] for r in rows} == {"self"}
+    rows = list(data["train"]) + list(data.get("validation", []))
+    assert 0 < len(rows) <= 30 and {r["answer_kind"] for r in rows} == {"self"}
+    assert {r["answer_model"] for r in rows} == {str(model)}  # who wrote the answers: training checks it
     requests = {json.loads(l)["id"]: json.loads(l)["request"] for l in (ROOT / "data_builders/embedded/requests.jsonl").open()}
     for row in rows:
         request = requests[row["source_id"]]
         assert row["messages"][1]["content"] == prefixes(segment_request(request))[row["prefix_index"] - 1]
         # the answer is the model's greedy answer to the complete request, whatever prefix is shown
-        assert row["messages"][2]["content"] == cached_answer(tmp_path / "out.work", tiny_qwen3_dir, tiny_tokenizer, request, 24)
+        assert row["messages"][2]["content"] == cached_answer(tmp_path / "out.work", model, tiny_tokenizer, request, 24)
+
+
+def test_answers_cut_at_the_token_cap_are_dropped_and_counted(tmp_path, tiny_qwen3_ending_dir, tiny_tokenizer):
+    """A self-distilled answer that reaches max_new_tokens without ending used to be kept: trained
+    as a complete turn, it gained an end-of-turn the model never wrote (early stopping)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model_dir = tiny_qwen3_ending_dir
+    output = build(load_config(BuildConfig, embedded_args(tmp_path / "out", model_dir, "caps.max_pairs=0")))
+    cache = AnswerCache(cache_path(tmp_path / "out.work", str(model_dir)))
+    cut = {key for key in cache.answers if cache.finished(key) is False}
+    assert 0 < len(cut) < len(cache.answers) and all(cache.finished(k) is not None for k in cache.answers)
+    report = Report.load(output / "report.json")
+    assert report.drops["answer_hit_token_cap"] == len(cut)  # every chosen request is in the cache (no pair cap)
+    assert f"{len(cut)} requests dropped (`answer_hit_token_cap`)" in (output / "README.md").read_text()
+
+    # The flags are the truth: regenerate and look for the end token.
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    requests = {json.loads(l)["id"]: json.loads(l)["request"] for l in (ROOT / "data_builders/embedded/requests.jsonl").open()}
+    by_key = {answer_key(str(model_dir), render_prompt(tiny_tokenizer, build_messages(r)), 24): i for i, r in requests.items()}
+    checked = 0
+    for key in sorted(cache.answers)[:8]:
+        prompt = render_prompt(tiny_tokenizer, build_messages(requests[by_key[key]]))
+        ids = tiny_tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        new = model.generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=tiny_tokenizer.pad_token_id)[0, ids.shape[1]:]
+        assert cache.finished(key) == (tiny_tokenizer.eos_token_id in new.tolist()), key
+        checked += 1
+    assert checked == 8
+
+    data = load_from_disk(str(output))
+    rows = list(data["train"]) + list(data.get("validation", []))
+    kept = {by_key[k] for k in cache.answers if k not in cut and cache.get(k).strip()}
+    assert {row["source_id"] for row in rows} == kept
+    cut_answers = {cache.get(k) for k in cut}
+    assert not any(row["messages"][2]["content"] in cut_answers for row in rows)
 
 
 def test_draft_refinement_triples(tmp_path, tiny_llama_dir, tiny_tokenizer, data_dir):
@@ -84,7 +122,7 @@ def test_draft_refinement_triples(tmp_path, tiny_llama_dir, tiny_tokenizer, data
     ]
     output = build(load_config(BuildConfig, args))
     data = load_from_disk(str(output))
-    rows = list(data["train"]) + list(data["validation"])
+    rows = list(data["train"]) + list(data.get("validation", []))
     assert len(rows) == 24
     assert set(data["train"].column_names) >= {"query", "draft", "response", "source_id", "prefix_index"}
     problems = {str(r["index"]): r for r in map(json.loads, (data_dir / "code_sft/magicoder_oss_instruct_75k_sample500.jsonl").open())}
@@ -103,7 +141,8 @@ def _cache_lines(path: Path) -> int:
     return len(path.read_bytes().splitlines()) if path.is_file() else 0
 
 
-def test_resume_after_killed_build_gives_the_same_bytes(tmp_path, tiny_qwen3_dir):
+def test_resume_after_killed_build_gives_the_same_bytes(tmp_path, tiny_qwen3_ending_dir):
+    tiny_qwen3_dir = tiny_qwen3_ending_dir  # answers that end: some requests keep theirs
     output = tmp_path / "out"
     args = embedded_args(
         output, tiny_qwen3_dir, "embedded.max_rows=12", "generation.batch_size=1", "generation.max_new_tokens=32"

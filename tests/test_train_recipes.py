@@ -64,7 +64,7 @@ def test_training_recipes_have_the_papers_adapter(name):
     recipe, recipe_name = parse_recipe([f"recipe={name}"])
     assert recipe_name == name and recipe.objective == "sft"
     assert (recipe.lora.r, recipe.lora.alpha, recipe.lora.dropout) == (8, 16, 0.05)
-    assert recipe.data.system_message == "incomplete_request"
+    assert recipe.data.system_message == "incomplete"
     if name != "smollm2_prefix":  # the embedded default is cut down to run on CPU in minutes
         t = recipe.training
         assert (t.learning_rate, t.effective_batch_size, t.max_length, t.max_steps) == (2e-5, 16, 2048, 1000)
@@ -95,11 +95,79 @@ def test_unimplemented_objective_is_a_clear_error():
         parse_recipe(["objective=dpo"])
 
 
-def test_effective_batch_must_split_over_processes():
-    from train.config import accumulation_steps
+PAPER = {"effective": 16, "per_device": 2, "lr": 2e-5}
+
+
+@pytest.mark.parametrize("effective,per_device", [(16, 2), (4, 2), (1, 1), (16, 4), (12, 3)])
+def test_batch_plan_for_every_world_size_from_1_to_64(effective, per_device):
+    """The paper's effective batch 16 at per-device 2 used to stop every world size but 1, 2, 4
+    and 8 (slurm/train.sbatch's 2 x 8 = 16 and the README's 4 x 8 = 32 among them)."""
+    from train.config import batch_plan
+
+    recipe, _ = parse_recipe(["recipe=qwen3_prefix", f"training.effective_batch_size={effective}",
+                              f"training.per_device_train_batch_size={per_device}"])
+    lr = recipe.training.learning_rate
+    for world in range(1, 65):
+        plan = batch_plan(recipe.training, world)
+        assert plan.world_size * plan.per_device * plan.accumulation == plan.effective, world
+        assert 1 <= plan.per_device <= per_device and plan.accumulation >= 1
+        if effective % world == 0:  # kept: the largest per-device batch that divides it
+            assert plan.effective == effective and plan.learning_rate == lr and plan.kept
+            assert plan.per_device == max(b for b in range(1, per_device + 1) if effective % (world * b) == 0)
+        else:  # raised to the next multiple of the world size, learning rate by the square root
+            assert plan.effective == -(-effective // world) * world > effective and not plan.kept
+            assert plan.learning_rate == pytest.approx(lr * (plan.effective / effective) ** 0.5)
+            assert plan.notes()[0].startswith("WARNING: effective batch")
+        if plan.per_device != per_device:
+            assert any("per-device batch lowered" in note for note in plan.notes())
+
+
+def test_batch_plan_on_the_cluster_shapes():
+    from train.config import batch_plan
 
     recipe, _ = parse_recipe(["recipe=qwen3_prefix"])
-    assert accumulation_steps(recipe, world_size=8) == 1
-    assert accumulation_steps(recipe, world_size=1) == 8
-    with pytest.raises(RecipeValueError, match="not a multiple"):
-        accumulation_steps(recipe, world_size=3)
+    shapes = {world: (p.per_device, p.accumulation, p.effective, round(p.learning_rate, 10))
+              for world in (1, 8, 16, 32) for p in [batch_plan(recipe.training, world)]}
+    assert shapes == {1: (2, 8, 16, 2e-5), 8: (2, 1, 16, 2e-5), 16: (1, 1, 16, 2e-5),
+                      32: (1, 1, 32, round(2e-5 * 2 ** 0.5, 10))}
+
+
+def test_keep_effective_batch_refuses_a_world_size_that_cannot():
+    from train.config import batch_plan
+
+    recipe, _ = parse_recipe(["recipe=qwen3_prefix", "training.keep_effective_batch=true"])
+    assert batch_plan(recipe.training, 16).effective == 16
+    with pytest.raises(RecipeValueError, match="cannot be split over 3 processes"):
+        batch_plan(recipe.training, 3)
+
+
+@pytest.mark.parametrize("name", ["qwen3_prefix", "llama31_prefix", "gemma3_prefix", "qwen3_distill"])
+def test_each_model_trains_on_its_own_answers(name):
+    """llama31_prefix and gemma3_prefix used to read lmsys_prefix, Qwen3-8B's answers."""
+    from data_builders.config import BuildConfig
+
+    recipe, _ = parse_recipe([f"recipe={name}"])
+    builds = [load_config(BuildConfig, [f"recipe={p}"]) for p in sorted((RECIPES_DIR / "data").glob("*.yaml"))]
+    (build,) = [b for b in builds if f"outputs/data/{b.name}" == recipe.data.path]
+    assert build.answers == "self" and build.model == recipe.model.name_or_path
+    assert not recipe.data.answers_from_other_model
+
+
+@pytest.mark.parametrize("name", ["lmsys_prefix_llama31", "lmsys_prefix_gemma3"])
+def test_per_model_builds_differ_from_lmsys_prefix_only_in_name_and_model(name):
+    """The per-model builds copy lmsys_prefix (the data format has no inheritance): they must not drift."""
+    from dataclasses import asdict
+
+    from data_builders.config import BuildConfig
+
+    ours, qwen = (asdict(load_config(BuildConfig, [f"recipe={n}"])) for n in (name, "lmsys_prefix"))
+    assert {k for k in ours if ours[k] != qwen[k]} == {"name", "model"}
+
+
+def test_system_message_settings_share_the_evaluators_vocabulary():
+    recipe, _ = parse_recipe(["data.system_message=incomplete_request"])  # the old spelling, canonicalised
+    assert recipe.data.system_message == "incomplete"
+    for setting in ("model", "none", "dataset", "You are terse."):
+        assert parse_recipe([f"data.system_message={setting}"])[0].data.system_message == setting
+    with pytest.raises(RecipeValueError, match="unknown system message setting 'incomplet'"):
+        parse_recipe(["data.system_message=incomplet"])

@@ -8,8 +8,11 @@ The defaults are the embedded CPU default (`smollm2_prefix`), so a bare
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+from headstart.prompts import canonical_system_setting
 
 OBJECTIVES = ("sft", "refusion", "distill")
 DIVERGENCES = ("forward", "reverse")
@@ -35,8 +38,13 @@ class DataSection:
     max_train_samples: int | None = field(default=None, metadata={"help": "keep only the first N training rows"})
     max_eval_samples: int | None = field(default=64, metadata={"help": "keep only the first N evaluation rows"})
     system_message: str = field(
-        default="incomplete_request",
-        metadata={"help": "system turn: incomplete_request (the headstart message), dataset (keep rows'), or literal text"},
+        default="incomplete",
+        metadata={"help": "system turn (headstart.prompts): incomplete (the headstart message), model (the base's recorded "
+                          "one, else none), none (the template's default), dataset (keep rows'), or literal text"},
+    )
+    answers_from_other_model: bool = field(
+        default=False,
+        metadata={"help": "train on answers another model wrote (the rows' answer_model); false: such data is refused"},
     )
 
 
@@ -61,7 +69,17 @@ class TrainingSection:
     effective_batch_size: int = field(
         default=4, metadata={"help": "sequences per optimizer step = world size x per-device batch x accumulation"}
     )
-    per_device_train_batch_size: int = field(default=2, metadata={"help": "sequences per process per micro-step"})
+    per_device_train_batch_size: int = field(
+        default=2, metadata={"help": "sequences per process per micro-step (at most: lowered to keep the effective batch)"}
+    )
+    keep_effective_batch: bool = field(
+        default=False,
+        metadata={"help": "refuse a world size that cannot keep effective_batch_size (false: raise it to the next "
+                          "multiple of the world size and scale the learning rate by the square root; printed)"},
+    )
+    ddp_timeout: int = field(
+        default=1800, metadata={"help": "seconds a collective (barrier, all-reduce) waits for the other processes"}
+    )
     max_length: int = field(default=512, metadata={"help": "tokens per sequence (longer ones are truncated)"})
     max_steps: int = field(default=20, metadata={"help": "optimizer steps"})
     lr_scheduler_type: str = field(default="cosine", metadata={"help": "transformers scheduler name"})
@@ -82,7 +100,9 @@ class TrainingSection:
     )
     run_name: str | None = field(default=None, metadata={"help": "tracker run name; default <recipe>-<model>"})
     resume: bool = field(default=True, metadata={"help": "continue from the last complete checkpoint in output_dir"})
-    merge: bool = field(default=True, metadata={"help": "also save the adapter merged into the base weights"})
+    merge: bool = field(
+        default=True, metadata={"help": "also save the adapter merged into the base weights (in float32, main process)"}
+    )
     dataloader_num_workers: int = field(default=0, metadata={"help": "data loader worker processes"})
 
 
@@ -156,6 +176,7 @@ RESUMABLE_KEYS = (
     "training.output_dir",
     "training.resume",
     "training.merge",
+    "training.ddp_timeout",
     "training.dataloader_num_workers",  # the sampler and its order stay in the main process
     "wandb.project",
     "wandb.entity",
@@ -167,9 +188,18 @@ def recipe_differences(saved: TrainRecipe, recipe: TrainRecipe) -> dict[str, tup
     """Keys whose values differ between two recipes, `RESUMABLE_KEYS` aside: {key: (saved, new)}."""
     from headstart.config import config_to_dict
 
-    old, new = flat_keys(config_to_dict(saved)), flat_keys(config_to_dict(recipe))
+    old, new = canonical_keys(config_to_dict(saved)), canonical_keys(config_to_dict(recipe))
     return {key: (old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys())
             if key not in RESUMABLE_KEYS and old.get(key) != new.get(key)}
+
+
+def canonical_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """`flat_keys`, with the system message setting in its canonical spelling (a run saved
+    with the old `incomplete_request` is the same recipe as one saying `incomplete`)."""
+    flat = flat_keys(values)
+    if isinstance(flat.get("data.system_message"), str):
+        flat["data.system_message"] = canonical_system_setting(flat["data.system_message"])
+    return flat
 
 
 def flat_keys(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -192,8 +222,14 @@ def validate(recipe: TrainRecipe) -> TrainRecipe:
     for name in ("effective_batch_size", "per_device_train_batch_size", "max_length", "max_steps", "save_steps"):
         if getattr(t, name) < 1:
             raise RecipeValueError(f"training.{name} must be >= 1, got {getattr(t, name)}")
+    if t.ddp_timeout < 1:
+        raise RecipeValueError(f"training.ddp_timeout must be >= 1 second, got {t.ddp_timeout}")
     if recipe.model.dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise RecipeValueError(f"model.dtype {recipe.model.dtype!r}: use auto, float32, bfloat16 or float16")
+    try:
+        recipe.data.system_message = canonical_system_setting(recipe.data.system_message)
+    except ValueError as error:
+        raise RecipeValueError(f"data.system_message: {error}") from error
     validate_refusion(recipe)
     validate_distill(recipe)
     return recipe
@@ -237,13 +273,73 @@ def validate_distill(recipe: TrainRecipe) -> None:
         )
 
 
-def accumulation_steps(recipe: TrainRecipe, world_size: int) -> int:
-    """Gradient accumulation that makes world x per-device x accumulation = effective batch."""
-    per_step = world_size * recipe.training.per_device_train_batch_size
-    if recipe.training.effective_batch_size % per_step:
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one optimizer step is split over the processes of this launch.
+
+    world_size x per_device x accumulation = effective. The recipe's effective batch is
+    kept whenever the world size divides it, lowering the per-device batch as far as
+    needed (16 over 16 processes: 1 x 1). A world size that cannot keep it (16 over 3,
+    24 or 32 processes) raises it to the next multiple of the world size, and the
+    learning rate is scaled by the square root of the ratio (the square-root rule for
+    Adam-type optimisers), unless `training.keep_effective_batch` asks for a refusal."""
+
+    world_size: int
+    per_device: int
+    accumulation: int
+    effective: int
+    learning_rate: float
+    requested_per_device: int
+    requested_effective: int
+    requested_learning_rate: float
+
+    @property
+    def kept(self) -> bool:
+        return self.effective == self.requested_effective
+
+    def notes(self) -> list[str]:
+        """What differs from the recipe, in words (printed loudly by train/sft.py)."""
+        lines = []
+        if not self.kept:
+            lines.append(
+                f"WARNING: effective batch {self.requested_effective} is not a multiple of the world size "
+                f"{self.world_size}; raised to {self.effective} (= {self.world_size} processes x {self.per_device} "
+                f"per device x {self.accumulation} accumulation) and the learning rate scaled by "
+                f"sqrt({self.effective}/{self.requested_effective}): {self.requested_learning_rate:g} -> "
+                f"{self.learning_rate:.4g}. Launch on a world size dividing {self.requested_effective} to keep the "
+                f"recipe, or set training.keep_effective_batch=true to refuse instead"
+            )
+        if self.per_device != self.requested_per_device:
+            lines.append(
+                f"note: per-device batch lowered {self.requested_per_device} -> {self.per_device} so that "
+                f"{self.world_size} processes make the effective batch {self.effective}"
+            )
+        return lines
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"world_size": self.world_size, "per_device_train_batch_size": self.per_device,
+                "gradient_accumulation_steps": self.accumulation, "effective_batch_size": self.effective,
+                "learning_rate": self.learning_rate}
+
+
+def batch_plan(training: TrainingSection, world_size: int) -> BatchPlan:
+    """The split of `training.effective_batch_size` over `world_size` processes (see BatchPlan)."""
+    effective, most, rate = training.effective_batch_size, training.per_device_train_batch_size, training.learning_rate
+    if world_size < 1:
+        raise RecipeValueError(f"world size must be >= 1, got {world_size}")
+    requested = dict(requested_per_device=most, requested_effective=effective, requested_learning_rate=rate)
+    for per_device in range(most, 0, -1):
+        if effective % (world_size * per_device) == 0:
+            return BatchPlan(world_size, per_device, effective // (world_size * per_device), effective, rate, **requested)
+    if training.keep_effective_batch:
         raise RecipeValueError(
-            f"training.effective_batch_size={recipe.training.effective_batch_size} is not a multiple of "
-            f"world size {world_size} x per_device_train_batch_size "
-            f"{recipe.training.per_device_train_batch_size} = {per_step}"
+            f"training.effective_batch_size={effective} cannot be split over {world_size} processes (it is not a "
+            f"multiple of {world_size}) and training.keep_effective_batch is true: launch on a world size that "
+            f"divides {effective}, or set training.keep_effective_batch=false to raise the batch to "
+            f"{-(-effective // world_size) * world_size} with a square-root learning-rate scaling"
         )
-    return recipe.training.effective_batch_size // per_step
+    raised = -(-effective // world_size) * world_size
+    per_process = raised // world_size
+    per_device = max(d for d in range(1, most + 1) if per_process % d == 0)
+    return BatchPlan(world_size, per_device, per_process // per_device, raised, rate * math.sqrt(raised / effective),
+                     **requested)

@@ -22,7 +22,7 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from transformers import PreTrainedTokenizerBase
 
-from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, Family, render_prompt
+from headstart.prompts import SYSTEM_ALIASES, SYSTEM_SETTINGS, Family, render_prompt, resolve_system_message
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -139,22 +139,57 @@ def check_rows(dataset: Dataset, split: str) -> None:
                     raise ValueError(f"{where}: field `{name}` is missing or not a string")
 
 
-def with_system(messages: list[dict[str, str]], system_message: str) -> list[dict[str, str]]:
-    """The dialogue with its system turn replaced as the recipe asks."""
-    if system_message == "dataset":
+# `system_message` below is the training setting resolved once (`resolve_training_system`):
+# KEEP_ROWS (the `dataset` setting: each row's own turn), None (no system turn) or the text.
+KEEP_ROWS = "\x00keep the rows' own system turns"  # a string: it survives datasets' pickling and hashing
+
+
+def resolve_training_system(setting: str, model_source: str | None) -> str | None:
+    """The system turn training gives every row: KEEP_ROWS for `dataset`, else the text of
+    `headstart.prompts.resolve_system_message` (None: no system turn)."""
+    return KEEP_ROWS if setting == "dataset" else resolve_system_message(setting, model_source)
+
+
+def with_system(messages: list[dict[str, str]], system: str | None) -> list[dict[str, str]]:
+    """The dialogue with its system turn replaced as resolved: kept (KEEP_ROWS), removed (None) or set."""
+    if system == KEEP_ROWS:
         return messages
-    text = INCOMPLETE_REQUEST_SYSTEM if system_message == "incomplete_request" else system_message
     rest = [m for m in messages if m["role"] != "system"]
-    return [{"role": "system", "content": text}] + rest
+    return rest if system is None else [{"role": "system", "content": system}] + rest
+
+
+def rows_system_messages(dataset: Dataset) -> set[str | None]:
+    """The distinct system messages the rows carry themselves (None: a row without one)."""
+    if "messages" not in dataset.column_names:
+        return {None}
+    found: set[str | None] = set()
+    for messages in dataset["messages"]:
+        systems = [m["content"] for m in messages if m.get("role") == "system"]
+        found.add(systems[0] if systems else None)
+    return found
+
+
+def trained_system_record(system: str | None, dataset: Dataset) -> dict:
+    """What the adapter records of its system message (headstart.json): the text, or for rows
+    keeping their own, the one they share; `system_message_varies` when they differ."""
+    if system != KEEP_ROWS:
+        return {"system_message": system}
+    found = rows_system_messages(dataset)
+    return {"system_message": next(iter(found))} if len(found) == 1 else {"system_message": None,
+                                                                         "system_message_varies": True}
 
 
 def split_prompt_answer(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], family: Family
 ) -> tuple[str, str]:
-    """(prompt text up to the answer, answer text with its end-of-turn markers)."""
+    """(prompt text up to the answer, answer text with its end-of-turn markers). ReFusion's
+    answer is its text and the EOS token, as upstream trains it (ML-GSAI/ReFusion train.py:
+    the generation prompt, then the encoded response and eos_token_id)."""
     if not messages or messages[-1]["role"] != "assistant":
         raise ValueError("each training dialogue must end with an assistant turn")
     prompt = render_prompt(tokenizer, messages[:-1], family, add_generation_prompt=True)
+    if family == "refusion":
+        return prompt, messages[-1]["content"] + tokenizer.eos_token
     full = render_prompt(tokenizer, messages, family, add_generation_prompt=False)
     if not full.startswith(prompt):
         raise ValueError(
@@ -177,7 +212,7 @@ def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 
 
 def tokenize_parts(
-    example: dict, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str
+    example: dict, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str | None
 ) -> dict[str, list[int]]:
     """prompt_ids, draft_ids (empty without a draft) and answer_ids of one row, each tokenized apart."""
     messages = with_system(dialogue(example), system_message)
@@ -190,7 +225,7 @@ def tokenize_parts(
 
 
 def tokenize_example(
-    example: dict, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str
+    example: dict, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str | None
 ) -> dict[str, list[int]]:
     """input_ids and completion_mask (1 on answer tokens) for one dialogue."""
     parts = tokenize_parts(example, tokenizer, family, system_message)
@@ -250,7 +285,7 @@ def require_full_request(dataset: Dataset, split: str) -> None:
 
 
 def tokenize_distill(
-    example: dict, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str
+    example: dict, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str | None
 ) -> dict[str, list[int]]:
     """prompt_ids (the student's prompt, S_i), teacher_prompt_ids (the same dialogue with S_n)
     and answer_ids (the one answer both are scored on), each tokenized apart."""
@@ -272,11 +307,15 @@ TOKENIZERS = {"sft": tokenize_example, "refusion": tokenize_parts, "distill": to
 
 
 def tokenize_dataset(
-    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str, objective: str = "sft"
+    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str | None, objective: str = "sft"
 ) -> Dataset:
     """Tokenize for `objective`: sft gives TRL's pre-tokenized form (input_ids, completion_mask);
     refusion gives the parts the ReFusion collator lays out (prompt_ids, draft_ids, answer_ids);
-    distill the parts of the student and teacher sequences (prompt_ids, teacher_prompt_ids, answer_ids)."""
+    distill the parts of the student and teacher sequences (prompt_ids, teacher_prompt_ids, answer_ids).
+    `system_message`: what `resolve_training_system` returned, or a setting name (resolved
+    here, without a model directory); any other text is the system message itself."""
+    if system_message in SYSTEM_SETTINGS or system_message in SYSTEM_ALIASES:
+        system_message = resolve_training_system(system_message, None)
     columns = dataset.column_names
     if "messages" not in columns and not {"query", "response"} <= set(columns):
         raise ValueError(f"training data needs a `messages` column, or `query` and `response`; found {columns}")
@@ -315,3 +354,58 @@ def check_fits(dataset: Dataset, max_length: int, split: str) -> None:
             f"no {split} example keeps an answer token within training.max_length={max_length}: "
             f"the shortest prompt has {min(starts)} tokens; raise training.max_length"
         )
+
+
+ANSWER_MODEL = "answer_model"
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model names denote the same model: equal, or the same repository/directory
+    name (a hub id and its local copy), embedded aliases included."""
+    from headstart.models import EMBEDDED_MODELS
+
+    def key(name: str) -> str:
+        name = name.strip().rstrip("/").lower()
+        if name in EMBEDDED_MODELS:
+            return EMBEDDED_MODELS[name][1].lower()
+        return Path(name).name.removesuffix(".gguf")
+
+    return a.strip().rstrip("/").lower() == b.strip().rstrip("/").lower() or key(a) == key(b)
+
+
+def answer_models(dataset: Dataset, path: str) -> set[str] | None:
+    """Which models wrote the rows' answers: the `answer_model` column (data_builders writes it;
+    empty for a corpus's own answers), else, for a build that predates it, the `model` of its
+    config.yaml when its rows say `answer_kind: self`. None: the data does not say."""
+    if ANSWER_MODEL in dataset.column_names:
+        return {m for m in dataset.unique(ANSWER_MODEL) if m}
+    if "answer_kind" in dataset.column_names and "self" in dataset.unique("answer_kind"):
+        config = Path(path).expanduser() / "config.yaml"
+        if config.is_file():
+            from omegaconf import OmegaConf
+
+            model = OmegaConf.load(config).get("model")
+            return {str(model)} if model else None
+        return None
+    if "answer_kind" in dataset.column_names:
+        return set()  # corpus answers only
+    return None
+
+
+def check_answer_models(dataset: Dataset, path: str, model: str, allowed: bool) -> list[str]:
+    """Refuse answers written by another model than the one trained (self-distillation data of
+    another model is distillation from it), unless `data.answers_from_other_model`; returns notes."""
+    writers = answer_models(dataset, path)
+    if writers is None:
+        return [f"note: {path} does not say which model wrote its answers (no `{ANSWER_MODEL}` column)"]
+    others = sorted(w for w in writers if not same_model(w, model))
+    if not others:
+        return []
+    if allowed:
+        return [f"note: training {model} on answers written by {', '.join(others)} (data.answers_from_other_model=true)"]
+    raise ValueError(
+        f"{path} holds answers written by {', '.join(others)}, not by the model trained here ({model}): that is "
+        f"distillation from another model, not self-distillation. Build this model's own data (e.g. "
+        f"`python -m data_builders recipe=lmsys_prefix_<model>` or `model={model}`), or set "
+        f"data.answers_from_other_model=true to train on them anyway"
+    )

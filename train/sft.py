@@ -6,9 +6,12 @@
     accelerate launch train/sft.py recipe=qwen3_distill
 
 Without `recipe=` the embedded default `smollm2_prefix` runs (SmolLM2-135M on CPU).
-The script reads top to bottom: recipe, run directory and trackers, tokenizer and
-data, TRL configuration, model (ReFusion adds its tokens), trainer, resume, training,
-adapter and merged model. `objective: refusion` swaps in the slot layout and loss of
+The script reads top to bottom: recipe, process group (with `training.ddp_timeout`),
+batch plan and the checkpoint to resume (both checked before any data work), model
+files (the main process downloads first), tokenizer and data, run directory and
+trackers, TRL configuration, model (ReFusion adds its tokens), trainer, training,
+adapter, and the merged model (float32, on the main process alone: no other rank
+waits on it). `objective: refusion` swaps in the slot layout and loss of
 train/refusion.py, `objective: distill` the student/teacher batches and KL loss of
 train/distill.py; everything else (LoRA, accelerate, DeepSpeed, checkpoints) is shared.
 """
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from datetime import timedelta
 from pathlib import Path
 
 # `accelerate launch train/sft.py` puts train/ first on sys.path; import the
@@ -32,12 +37,17 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 from headstart.config import cli_main, config_to_dict, dump_config, load_config  # noqa: E402
-from headstart.models import load_tokenizer, resolve_model_dir  # noqa: E402
-from headstart.prompts import detect_family  # noqa: E402
+from headstart.models import download_model, load_tokenizer, resolve_model_dir  # noqa: E402
+from headstart.prompts import Family, detect_family, write_training_record  # noqa: E402
 from headstart.refusion import mask_token_id  # noqa: E402
-from train.checkpoints import CompletenessMarker, StepDelay, check_run_dir, last_complete_checkpoint  # noqa: E402
-from train.config import TrainRecipe, accumulation_steps, validate  # noqa: E402
-from train.data import check_fits, load_split, tokenize_dataset  # noqa: E402
+from train.checkpoints import (  # noqa: E402
+    CompletenessMarker, StepDelay, Topology, check_resume, check_run_dir, last_complete_checkpoint, launch_topology,
+)
+from train.config import BatchPlan, TrainRecipe, batch_plan, validate  # noqa: E402
+from train.data import (  # noqa: E402
+    answer_models, check_answer_models, check_fits, load_split, resolve_training_system, tokenize_dataset,
+    trained_system_record,
+)
 from train.distill import DistillCollator, DistillTrainer  # noqa: E402
 from train.refusion import RefusionCollator, RefusionTrainer, add_trainable_tokens  # noqa: E402
 from train.tracking import ResolvedConfigToWandb, configure_trackers, finish_trackers  # noqa: E402
@@ -64,6 +74,36 @@ def process_state_kwargs() -> dict:
     return {"cpu": True}
 
 
+def process_group_kwargs(recipe: TrainRecipe) -> dict:
+    """The PartialState arguments: how to join, and how long a collective may wait. The
+    group is created here, before the trainer's arguments exist, so their `ddp_timeout`
+    would never reach it (torch's and DeepSpeed's defaults, 10-30 minutes, would apply)."""
+    return {**process_state_kwargs(), "timeout": timedelta(seconds=recipe.training.ddp_timeout)}
+
+
+def group_timeout() -> float | None:
+    """Seconds the default process group's collectives wait (None: no group)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    group = dist.distributed_c10d._get_default_group()
+    for device in ("cuda", "cpu"):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout.total_seconds()
+        except (RuntimeError, AttributeError, ValueError):
+            continue
+    return None
+
+
+def training_family(tokenizer, recipe: TrainRecipe) -> Family:
+    """The chat rendering of the training rows: the tokenizer's, and ReFusion's for a Qwen3
+    base trained with `objective: refusion` (its tokens are added only after the data is
+    tokenized; the adapter's tokenizer has them, so evaluation renders it as ReFusion)."""
+    family = detect_family(tokenizer)
+    return "refusion" if recipe.objective == "refusion" and family == "qwen3" else family
+
+
 def use_bf16(recipe: TrainRecipe) -> bool:
     """bf16 mixed precision on GPU, fp32 on CPU, unless the recipe decides."""
     return torch.cuda.is_available() if recipe.training.bf16 is None else recipe.training.bf16
@@ -79,16 +119,22 @@ def model_init_kwargs(recipe: TrainRecipe) -> dict:
     return {"dtype": model_dtype(recipe), "attn_implementation": recipe.model.attn_implementation}
 
 
-def load_data(recipe: TrainRecipe, tokenizer, state: PartialState):
-    """Tokenized train and (optional) eval splits; the main process tokenizes first, the others reuse its cache."""
-    family = detect_family(tokenizer)
+def load_data(recipe: TrainRecipe, tokenizer, state: PartialState, system: str | None):
+    """Tokenized train and (optional) eval splits, and what the adapter records of its data;
+    the main process tokenizes first, the others reuse its cache. Answers written by another
+    model than the one trained are refused (`data.answers_from_other_model`)."""
+    family = training_family(tokenizer, recipe)
     with state.main_process_first():
         train = load_split(recipe.data.path, recipe.data.train_split)
         if train is None:
             raise ValueError(f"{recipe.data.path} has no split {recipe.data.train_split!r}")
+        notes = check_answer_models(train, recipe.data.path, recipe.model.name_or_path,
+                                    recipe.data.answers_from_other_model)
         if recipe.data.max_train_samples:
             train = train.select(range(min(recipe.data.max_train_samples, len(train))))
-        train = tokenize_dataset(train, tokenizer, family, recipe.data.system_message, recipe.objective)
+        record = {**trained_system_record(system, train),
+                  "answer_models": sorted(answer_models(train, recipe.data.path) or []) or None}
+        train = tokenize_dataset(train, tokenizer, family, system, recipe.objective)
         check_fits(train, recipe.training.max_length, recipe.data.train_split)
         evaluation = None
         if recipe.data.eval_split and recipe.training.eval_steps > 0:
@@ -96,25 +142,30 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState):
             if evaluation is not None:
                 if recipe.data.max_eval_samples:
                     evaluation = evaluation.select(range(min(recipe.data.max_eval_samples, len(evaluation))))
-                evaluation = tokenize_dataset(evaluation, tokenizer, family, recipe.data.system_message, recipe.objective)
-    return train, evaluation
+                evaluation = tokenize_dataset(evaluation, tokenizer, family, system, recipe.objective)
+    if state.is_main_process:
+        for note in notes:
+            print(note, flush=True)
+    return train, evaluation, record
 
 
 def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool) -> SFTConfig:
-    """TRL arguments from the recipe: accumulation derived from the effective batch. For
-    refusion and distill, TRL keeps the tokenized parts as they are (the objective's collator
-    lays them out); refusion also hands TRL the model already loaded (it adds its tokens first)."""
+    """TRL arguments from the recipe: per-device batch, accumulation and learning rate from the
+    batch plan of this world size (train.config.batch_plan). For refusion and distill, TRL
+    keeps the tokenized parts as they are (the objective's collator lays them out); refusion
+    also hands TRL the model already loaded (it adds its tokens first)."""
     t = recipe.training
+    plan = batch_plan(t, world_size)
     refusion = recipe.objective == "refusion"
     own_layout = recipe.objective in ("refusion", "distill")
     return SFTConfig(
         output_dir=str(output_dir),
         run_name=t.run_name or f"{recipe_name}-{Path(recipe.model.name_or_path.rstrip('/')).name}",
         max_steps=t.max_steps,
-        per_device_train_batch_size=t.per_device_train_batch_size,
-        per_device_eval_batch_size=t.per_device_train_batch_size,
-        gradient_accumulation_steps=accumulation_steps(recipe, world_size),
-        learning_rate=t.learning_rate,
+        per_device_train_batch_size=plan.per_device,
+        per_device_eval_batch_size=plan.per_device,
+        gradient_accumulation_steps=plan.accumulation,
+        learning_rate=plan.learning_rate,
         lr_scheduler_type=t.lr_scheduler_type,
         warmup_steps=t.warmup_ratio,  # a float below 1 is a share of max_steps
         weight_decay=t.weight_decay,
@@ -139,6 +190,7 @@ def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_si
         dataloader_num_workers=t.dataloader_num_workers,
         use_cpu=process_state_kwargs().get("cpu", False),
         ddp_backend=process_state_kwargs().get("backend"),
+        ddp_timeout=t.ddp_timeout,
         model_init_kwargs=None if refusion else model_init_kwargs(recipe),
         remove_unused_columns=not own_layout,
         dataset_kwargs={"skip_prepare_dataset": True} if own_layout else None,
@@ -169,28 +221,43 @@ def refusion_collator(recipe: TrainRecipe, tokenizer, process_index: int) -> Ref
     )
 
 
-def callbacks(recipe: TrainRecipe, recipe_name: str) -> list:
-    chosen = [CompletenessMarker(), ResolvedConfigToWandb(config_to_dict(recipe), recipe_name)]
+def callbacks(recipe: TrainRecipe, recipe_name: str, topology: Topology | None = None,
+              plan: BatchPlan | None = None) -> list:
+    chosen = [CompletenessMarker(topology, plan), ResolvedConfigToWandb(config_to_dict(recipe), recipe_name)]
     delay = float(os.environ.get("HEADSTART_STEP_DELAY_S", "0") or 0)
     return chosen + [StepDelay(delay)] if delay > 0 else chosen
 
 
-def save_final(trainer: SFTTrainer, tokenizer, output_dir: Path, recipe: TrainRecipe, state: PartialState) -> None:
-    """Adapter (gathered from all ZeRO-3 shards by save_model), then the merged model on the main process."""
+def save_final(trainer: SFTTrainer, tokenizer, output_dir: Path, recipe: TrainRecipe, state: PartialState,
+               record: dict | None = None) -> None:
+    """Adapter (gathered from all ZeRO-3 shards by save_model: the run's last collective), its
+    tokenizer and training record (headstart.json: the system message it was trained with,
+    read back by evaluation), then the merged model on the main process alone. The other
+    ranks return at once: none waits at a barrier while an 8-12B base loads and merges on
+    CPU, which can outlast any collective timeout."""
     adapter_dir = output_dir / "adapter"
     trainer.save_model(str(adapter_dir))
-    state.wait_for_everyone()
-    if state.is_main_process:
-        tokenizer.save_pretrained(adapter_dir)
-        if recipe.training.merge:
-            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+    state.wait_for_everyone()  # every rank's part is written before the main process completes the directory
+    if not state.is_main_process:
+        return
+    tokenizer.save_pretrained(adapter_dir)
+    write_training_record(adapter_dir, record or {})
+    if recipe.training.merge:
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
-            from train.merge import merge_adapter
+        from train.merge import merge_adapter
 
-            # Loading the base again must not be partitioned by the ZeRO-3 context of training.
-            unset_hf_deepspeed_config()
-            merge_adapter(adapter_dir, output_dir / "merged", dtype=model_dtype(recipe))
-    state.wait_for_everyone()
+        time.sleep(float(os.environ.get("HEADSTART_MERGE_DELAY_S", "0") or 0))  # tests: a merge longer than the timeout
+        # Loading the base again must not be partitioned by the ZeRO-3 context of training.
+        unset_hf_deepspeed_config()
+        merge_adapter(adapter_dir, output_dir / "merged")  # float32: small LoRA deltas survive (train/merge.py)
+
+
+def training_record(recipe: TrainRecipe, recipe_name: str, plan: BatchPlan, data_record: dict) -> dict:
+    """What an adapter (and its merged model) records of its training."""
+    return {"written_by": "train/sft.py", "recipe": recipe_name, "objective": recipe.objective,
+            "base_model": recipe.model.name_or_path, "system_message_setting": recipe.data.system_message,
+            **data_record, "batch_plan": plan.as_dict()}
 
 
 def main(argv: list[str]) -> None:
@@ -198,15 +265,27 @@ def main(argv: list[str]) -> None:
     recipe, recipe_name = parse_recipe(argv)
     output_dir = Path(recipe.training.output_dir or f"outputs/train/{recipe_name}")
     changed = check_run_dir(output_dir, recipe)  # another recipe's run is refused, before anything is written
-    state = PartialState(**process_state_kwargs())
+    state = PartialState(**process_group_kwargs(recipe))
 
-    # --- Tokenizer and data (checked before the run directory is written) -------
+    # --- Batch plan and resume: checked before any download or data work ---------
+    plan = batch_plan(recipe.training, state.num_processes)
+    topology = launch_topology(state.num_processes)
+    checkpoint = last_complete_checkpoint(output_dir) if recipe.training.resume else None
+    resume_notes = check_resume(checkpoint, topology, recipe.training) if checkpoint else []
+    if state.is_main_process:
+        for note in plan.notes():
+            print(note, flush=True)
+
+    # --- Model files, tokenizer and data (checked before the run directory is written)
     try:
+        with state.main_process_first():  # one download per cache; the other ranks then read it
+            download_model(recipe.model.name_or_path)
         model_dir = resolve_model_dir(recipe.model.name_or_path)
         tokenizer = load_tokenizer(model_dir)
     except OSError as error:  # transformers' "not a local folder and not a valid model identifier"
         raise FileNotFoundError(f"model.name_or_path={recipe.model.name_or_path}: {error}") from error
-    train_data, eval_data = load_data(recipe, tokenizer, state)
+    system = resolve_training_system(recipe.data.system_message, model_dir)
+    train_data, eval_data, data_record = load_data(recipe, tokenizer, state, system)
 
     # --- Run directory and trackers --------------------------------------------
     if state.is_main_process:
@@ -235,20 +314,24 @@ def main(argv: list[str]) -> None:
         eval_dataset=eval_data,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=callbacks(recipe, recipe_name),
+        callbacks=callbacks(recipe, recipe_name, topology, plan),
         **objective_kwargs,
     )
 
     # --- Train (resuming from the last complete checkpoint) ---------------------
-    checkpoint = last_complete_checkpoint(output_dir) if recipe.training.resume else None
     if state.is_main_process:
+        timeout = group_timeout()
         print(
             f"processes: {state.num_processes} ({trainer.accelerator.distributed_type.value}), "
-            f"gradient accumulation: {args.gradient_accumulation_steps}",
+            f"gradient accumulation: {args.gradient_accumulation_steps}, per-device batch: "
+            f"{args.per_device_train_batch_size}, effective batch: {plan.effective}, learning rate: "
+            f"{args.learning_rate:.4g}" + (f", collective timeout: {timeout:g} s" if timeout is not None else ""),
             flush=True,
         )
         if checkpoint:
             print(f"resuming from {checkpoint}", flush=True)
+            for note in resume_notes:
+                print(note, flush=True)
             for key, (old, new) in changed.items():
                 print(f"note: {key} {old!r} -> {new!r} on resume", flush=True)
             if "training.max_steps" in changed:
@@ -257,9 +340,11 @@ def main(argv: list[str]) -> None:
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
 
     # --- Adapter and merged model ----------------------------------------------
-    save_final(trainer, tokenizer, output_dir, recipe, state)
+    save_final(trainer, tokenizer, output_dir, recipe, state, training_record(recipe, recipe_name, plan, data_record))
     if state.is_main_process:
         print(f"adapter: {output_dir / 'adapter'}", flush=True)
+        if recipe.training.merge:
+            print(f"merged: {output_dir / 'merged'}", flush=True)
     finish_trackers()
 
 

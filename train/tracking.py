@@ -38,14 +38,24 @@ def run_tags(recipe: TrainRecipe, recipe_name: str) -> list[str]:
     return [tag.replace(",", "_")[:64] for tag in tags]
 
 
+def hub_offline() -> bool:
+    """Whether this machine was declared offline (HF_HUB_OFFLINE, as on compute nodes without internet)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def configure_trackers(recipe: TrainRecipe, recipe_name: str, output_dir: Path) -> None:
-    """Set the environment the W&B and TensorBoard callbacks read at start-up."""
+    """Set the environment the W&B and TensorBoard callbacks read at start-up. W&B is offline
+    (synced later with `wandb sync`) when no project is configured, and on an offline machine
+    (HF_HUB_OFFLINE=1) even with one, unless WANDB_MODE says otherwise: an online W&B start
+    without internet fails the run."""
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(output_dir / "tensorboard"))
     if "wandb" not in recipe.training.report_to:
         return
     project = recipe.wandb.project or os.environ.get("WANDB_PROJECT")
     if project:
         os.environ["WANDB_PROJECT"] = project
+        if hub_offline() and "WANDB_MODE" not in os.environ:
+            os.environ["WANDB_MODE"] = "offline"
     else:
         # No project configured: keep the run on disk (sync later with `wandb sync`).
         os.environ.setdefault("WANDB_MODE", "offline")
