@@ -22,14 +22,13 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from eval.before_after import BeforeAfterConfig, report_tables, run_before_after
-from eval.config import EvalConfig
+from eval.before_after import BeforeAfterConfig, report_tables, run_before_after, side_config
 from eval.engines.decode import DecodeSpec
 from eval.reporting.plots import learning_curve, residual_forwards_boxes
 from eval.reporting.tables import markdown_rows
@@ -141,8 +140,10 @@ def sweep(config: StudyConfig, output: Path, data_dir: Path) -> dict[str, dict[s
     return losses
 
 
-def curve(config: StudyConfig, output: Path, runs: dict[str, Path], summaries: dict) -> dict[str, list[dict]]:
-    """Curve points per objective: the base (step 0), each intermediate checkpoint, the final adapter."""
+def curve(config: StudyConfig, report: BeforeAfterConfig, runs: dict[str, Path], summaries: dict) -> dict[str, list[dict]]:
+    """Curve points per objective: the base (step 0), each intermediate checkpoint, the final adapter;
+    every checkpoint is evaluated with the report's own settings (side_config)."""
+    output = Path(config.output_dir)
     base = summaries[config.curve_benchmark]["before"]
     sides = dict(zip(config.objectives, ["after", *list(config.objectives)[1:]]))  # objective -> report side
     points: dict[str, list[dict]] = {}
@@ -150,9 +151,9 @@ def curve(config: StudyConfig, output: Path, runs: dict[str, Path], summaries: d
     for objective, run_dir in runs.items():
         points[objective] = [{"step": 0, **{k: base[k] for k in CURVE_KEYS}}]
         for step in range(every, config.max_steps, every):
-            evaluation = EvalConfig(model=str(run_dir / f"checkpoint-{step}"), benchmark=config.curve_benchmark,
-                                    data_path=config.data_paths.get(config.curve_benchmark), limit=config.limit,
-                                    decode=config.decode, output_dir=str(output / "curve" / objective / f"step-{step}"))
+            evaluation = replace(side_config(report, "before", config.curve_benchmark),
+                                 model=str(run_dir / f"checkpoint-{step}"),
+                                 output_dir=str(output / "curve" / objective / f"step-{step}"))
             summary = run_evaluation(evaluation)
             points[objective].append({"step": step, **{k: summary[k] for k in CURVE_KEYS}})
         final = summaries[config.curve_benchmark][sides[objective]]
@@ -191,7 +192,7 @@ def run_study(config: StudyConfig) -> None:
     summaries = run_before_after(report)
 
     # --- 5. Learning curve -------------------------------------------------------------
-    points = curve(config, output, runs, summaries)
+    points = curve(config, report, runs, summaries)
 
     # --- 6. Report ---------------------------------------------------------------------
     write_study_report(config, output, losses, best, summaries, points)

@@ -6,7 +6,9 @@ import torch
 from datasets import Dataset
 
 from headstart.models import load_model, load_tokenizer
-from headstart.prompts import detect_family, render_prompt
+from headstart.prompts import (
+    INCOMPLETE_REQUEST_SYSTEM, detect_family, read_training_record, render_prompt, resolve_system_message,
+)
 from train.data import split_prompt_answer, tokenize_dataset
 from train.sft import lora_config, parse_recipe, sft_config
 
@@ -58,6 +60,9 @@ def test_training_falls_saves_adapter_and_merged_model_and_logs(tmp_path, tiny_q
     assert sorted(losses) == list(range(1, 9))
     assert losses[8] < 0.9 * losses[1], losses
     assert (out / "checkpoint-8" / "CHECKPOINT_COMPLETE").is_file()
+    # A checkpoint records its training like the final adapter: evaluated, it gets the same system message.
+    assert read_training_record(out / "checkpoint-4") == read_training_record(out / "adapter")
+    assert resolve_system_message("model", out / "checkpoint-4") == INCOMPLETE_REQUEST_SYSTEM
     assert "effective_batch_size: 4" in (out / "config.yaml").read_text()
 
     # Trackers: TensorBoard events, and an offline W&B run holding tags and the resolved recipe.

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from headstart.config import config_to_dict, load_config
+from headstart.prompts import write_training_record
 from train.config import (
     RESUMABLE_KEYS, BatchPlan, RecipeValueError, TrainingSection, TrainRecipe, batch_plan, flat_keys, recipe_differences,
 )
@@ -187,9 +188,11 @@ class CompletenessMarker(TrainerCallback):
     """Mark `checkpoint-<step>` complete once every rank has saved its part, after recording
     the topology and batch plan that wrote it."""
 
-    def __init__(self, topology: Topology | None = None, plan: BatchPlan | None = None) -> None:
+    def __init__(self, topology: Topology | None = None, plan: BatchPlan | None = None,
+                 training_record: dict | None = None) -> None:
         self.topology = topology
         self.plan = plan
+        self.training_record = training_record  # headstart.json: a checkpoint evaluates like the final adapter
 
     def on_save(self, args, state, control, **kwargs):
         if dist.is_available() and dist.is_initialized():
@@ -200,6 +203,8 @@ class CompletenessMarker(TrainerCallback):
                 if self.topology is not None:
                     record = {"topology": asdict(self.topology), "batch_plan": self.plan.as_dict() if self.plan else None}
                     (checkpoint / TOPOLOGY_FILE).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+                if self.training_record is not None:
+                    write_training_record(checkpoint, self.training_record)
                 (checkpoint / COMPLETE_MARKER).write_text(f"{state.global_step}\n")
         return control
 

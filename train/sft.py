@@ -222,8 +222,8 @@ def refusion_collator(recipe: TrainRecipe, tokenizer, process_index: int) -> Ref
 
 
 def callbacks(recipe: TrainRecipe, recipe_name: str, topology: Topology | None = None,
-              plan: BatchPlan | None = None) -> list:
-    chosen = [CompletenessMarker(topology, plan), ResolvedConfigToWandb(config_to_dict(recipe), recipe_name)]
+              plan: BatchPlan | None = None, record: dict | None = None) -> list:
+    chosen = [CompletenessMarker(topology, plan, record), ResolvedConfigToWandb(config_to_dict(recipe), recipe_name)]
     delay = float(os.environ.get("HEADSTART_STEP_DELAY_S", "0") or 0)
     return chosen + [StepDelay(delay)] if delay > 0 else chosen
 
@@ -314,7 +314,7 @@ def main(argv: list[str]) -> None:
         eval_dataset=eval_data,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=callbacks(recipe, recipe_name, topology, plan),
+        callbacks=callbacks(recipe, recipe_name, topology, plan, training_record(recipe, recipe_name, plan, data_record)),
         **objective_kwargs,
     )
 
