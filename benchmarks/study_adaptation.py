@@ -22,6 +22,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -82,6 +84,17 @@ class StudyConfig:
 # --- Subprocess stages (each resumes by itself) -----------------------------------
 
 
+@contextmanager
+def timed(output: Path, stage: str):
+    """Add the stage's wall-clock seconds to output/timings.json (a resumed stage adds its remainder)."""
+    start = time.perf_counter()
+    yield
+    path = output / "timings.json"
+    timings = json.loads(path.read_text()) if path.is_file() else {}
+    timings[stage] = round(timings.get(stage, 0.0) + time.perf_counter() - start, 1)
+    path.write_text(json.dumps(timings, indent=1) + "\n")
+
+
 def stage_env(config: StudyConfig) -> dict[str, str]:
     """Offline hub, the study's thread count, and every W&B run in the study's group."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(config.threads), WANDB_RUN_GROUP=config.group)
@@ -96,22 +109,25 @@ def run_stage(config: StudyConfig, argv: list[str]) -> None:
 
 def build_data(config: StudyConfig, data_dir: Path) -> None:
     if not (data_dir / "dataset_dict.json").is_file():
-        run_stage(config, ["-m", "data_builders", f"recipe={config.data_recipe}", f"output_dir={data_dir}"])
+        with timed(data_dir.parent, "data"):
+            run_stage(config, ["-m", "data_builders", f"recipe={config.data_recipe}", f"output_dir={data_dir}"])
 
 
 def train(config: StudyConfig, objective: str, run_dir: Path, data_dir: Path, learning_rate: float, steps: int,
           save_steps: int, evaluate: bool) -> Path:
     """One training run to `run_dir`; a finished run (its adapter saved) is not run again."""
+    argv = [
+        "train/sft.py", f"recipe={config.objectives[objective]}", f"model.name_or_path={config.model}",
+        f"data.path={data_dir}", f"training.output_dir={run_dir}", f"training.learning_rate={learning_rate}",
+        f"training.max_steps={steps}", f"training.save_steps={save_steps}", "training.save_total_limit=null",
+        f"training.effective_batch_size={config.effective_batch_size}",
+        f"training.per_device_train_batch_size={config.per_device_train_batch_size}",
+        f"training.max_length={config.max_length}", f"training.eval_steps={steps if evaluate else 0}",
+        "training.merge=false", f"training.run_name={config.group}-{run_dir.name}",
+    ]
     if not (run_dir / "adapter" / "adapter_config.json").is_file():
-        run_stage(config, [
-            "train/sft.py", f"recipe={config.objectives[objective]}", f"model.name_or_path={config.model}",
-            f"data.path={data_dir}", f"training.output_dir={run_dir}", f"training.learning_rate={learning_rate}",
-            f"training.max_steps={steps}", f"training.save_steps={save_steps}", "training.save_total_limit=null",
-            f"training.effective_batch_size={config.effective_batch_size}",
-            f"training.per_device_train_batch_size={config.per_device_train_batch_size}",
-            f"training.max_length={config.max_length}", f"training.eval_steps={steps if evaluate else 0}",
-            "training.merge=false", f"training.run_name={config.group}-{run_dir.name}",
-        ])
+        with timed(Path(config.output_dir), f"train {run_dir.parent.name}/{run_dir.name}"):
+            run_stage(config, argv)
     return run_dir / "adapter"
 
 
@@ -189,10 +205,12 @@ def run_study(config: StudyConfig) -> None:
                                more_adapted={name: str(adapters[name]) for name in more}, benchmarks=config.benchmarks,
                                data_paths=config.data_paths, limit=config.limit, decode=config.decode,
                                output_dir=str(output / "report"), wandb_group=config.group)
-    summaries = run_before_after(report)
+    with timed(output, "evaluate base and adapted"):
+        summaries = run_before_after(report)
 
     # --- 5. Learning curve -------------------------------------------------------------
-    points = curve(config, report, runs, summaries)
+    with timed(output, "learning curve"):
+        points = curve(config, report, runs, summaries)
 
     # --- 6. Report ---------------------------------------------------------------------
     write_study_report(config, output, losses, best, summaries, points)
@@ -212,6 +230,7 @@ def write_study_report(config: StudyConfig, output: Path, losses, best, summarie
              f"## Learning-rate sweep ({config.sweep_steps} steps, validation loss of each objective)\n",
              markdown_rows(["objective", *losses[first], "chosen"],
                            [[o, *(f"{v:.4f}" for v in rates.values()), f"{best[o]:g}"] for o, rates in losses.items()]), ""]
+    lines += data_summary(output / "data") + timings_table(output)
     for title, (header, rows) in report_tables(summaries).items():
         lines += [f"## {title}\n", markdown_rows(header, rows), ""]
     curve_rows = [[o, str(p["step"]), f"{p['forwards_stream_median']:g}", f"{p['draft_kept_mean']:.1%}",
@@ -222,6 +241,24 @@ def write_study_report(config: StudyConfig, output: Path, losses, best, summarie
     (output / "study.md").write_text("\n".join(lines) + "\n")
     log_curve(config, output, points, [curve_png, boxes_png])
     print(f"\nstudy report: {output / 'study.md'}", flush=True)
+
+
+def data_summary(data_dir: Path) -> list[str]:
+    """Requests, rows and token lengths of the training data, from the builder's report."""
+    built = json.loads((data_dir / "report.json").read_text())
+    rows = [[split, str(counts["requests"]), str(counts["rows"]),
+             *(f"{built['tokens']['splits'][split][k]['mean']:g}" for k in ("prompt_tokens", "answer_tokens"))]
+            for split, counts in built["splits"].items()]
+    dropped = built["drops"].get("answer_hit_token_cap", 0)
+    return [f"## Training data (`{data_dir}`; {dropped} requests dropped: answer cut at the token cap)\n",
+            markdown_rows(["split", "requests", "rows", "prompt tokens (mean)", "answer tokens (mean)"], rows), ""]
+
+
+def timings_table(output: Path) -> list[str]:
+    path = output / "timings.json"
+    timings = json.loads(path.read_text()) if path.is_file() else {}
+    return ["## Wall clock per stage (seconds, this machine)\n",
+            markdown_rows(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in timings.items()]), ""]
 
 
 def log_curve(config: StudyConfig, output: Path, points, figures: list[Path]) -> None:
