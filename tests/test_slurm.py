@@ -73,6 +73,7 @@ def test_train_sbatch_runs_on_two_nodes_and_leaves_a_merged_model(tmp_path, tiny
 def test_pipeline_chains_data_train_and_before_after_eval(tmp_path, tiny_qwen3_dir):
     data_dir, run_dir, report_dir = tmp_path / "data", tmp_path / "run", tmp_path / "report"
     train = tiny_overrides(tiny_qwen3_dir, data_dir, run_dir, max_steps=2, save_steps=2, merge="false")
+    train.append("data.answers_from_other_model=true")  # the embedded rows are SmolLM2's answers, not the tiny model's
     evaluation = [f"model={tiny_qwen3_dir}", f"adapted={run_dir / 'adapter'}", "limit=2", "decode.max_new_tokens=8",
                   f"output_dir={report_dir}"]
     result = subprocess.run(
