@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+import torch
+
+from safetensors.torch import load_file
 
 from test_train_support import humaneval_dialogues, tiny_overrides, write_jsonl
+from train.checkpoints import COMPLETE_MARKER
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM_CONF = os.environ.get("SLURM_CONF", "/tmp/headstart-slurm/slurm.conf")
@@ -27,6 +33,11 @@ def slurm_env(**extra: str) -> dict[str, str]:
     env.pop("WANDB_PROJECT", None)
     return env | extra
 
+
+# The sbatch files ask for whole 8-GPU nodes; the local cluster's nodes have 2 CPUs, no GPU, and may run
+# another engineer's jobs beside ours.
+CPU_TRAIN = ("--gpus-per-node=0", "--cpus-per-task=1", "--oversubscribe")
+CPU_DATA = ("--gpus-per-node=0", "--cpus-per-task=1", "--mem=1G")
 
 pytestmark = [
     pytest.mark.slurm,
@@ -51,7 +62,7 @@ def test_train_sbatch_runs_on_two_nodes_and_leaves_a_merged_model(tmp_path, tiny
     data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(16))
     out = tmp_path / "run"
     overrides = tiny_overrides(tiny_qwen3_dir, data, out, max_steps=2, save_steps=2, merge="true")
-    job_id = sbatch("--nodes=2", "slurm/train.sbatch", *overrides)
+    job_id = sbatch("--nodes=2", *CPU_TRAIN, "slurm/train.sbatch", *overrides)
     log = (REPO / "logs" / f"headstart-train-{job_id}.out").read_text()
     assert "2 nodes x 1 processes" in log
     assert "processes: 2 (MULTI_CPU)" in log
@@ -62,11 +73,13 @@ def test_train_sbatch_runs_on_two_nodes_and_leaves_a_merged_model(tmp_path, tiny
 def test_pipeline_chains_data_train_and_before_after_eval(tmp_path, tiny_qwen3_dir):
     data_dir, run_dir, report_dir = tmp_path / "data", tmp_path / "run", tmp_path / "report"
     train = tiny_overrides(tiny_qwen3_dir, data_dir, run_dir, max_steps=2, save_steps=2, merge="false")
+    train.append("data.answers_from_other_model=true")  # the embedded rows are SmolLM2's answers, not the tiny model's
     evaluation = [f"model={tiny_qwen3_dir}", f"adapted={run_dir / 'adapter'}", "limit=2", "decode.max_new_tokens=8",
                   f"output_dir={report_dir}"]
     result = subprocess.run(
         ["bash", "slurm/pipeline.sh", "--data", f"recipe=embedded_prefix output_dir={data_dir}",
-         "--train", "recipe=smollm2_prefix " + " ".join(train), "--train-sbatch", "--nodes=2",
+         "--data-sbatch", " ".join(CPU_DATA),
+         "--train", "recipe=smollm2_prefix " + " ".join(train), "--train-sbatch", " ".join(("--nodes=2", *CPU_TRAIN)),
          "--eval", "recipe=before_after_smollm2 " + " ".join(evaluation), "--wait"],
         cwd=REPO, env=slurm_env(), capture_output=True, text=True, timeout=1500,
     )
@@ -85,7 +98,7 @@ def test_requeued_training_job_resumes_from_its_last_checkpoint(tmp_path, tiny_q
     data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(16))
     out = tmp_path / "run"
     overrides = tiny_overrides(tiny_qwen3_dir, data, out, max_steps=6, save_steps=2)
-    submitted = subprocess.run(["sbatch", "--parsable", "--nodes=2", "slurm/train.sbatch", *overrides], cwd=REPO,
+    submitted = subprocess.run(["sbatch", "--parsable", "--nodes=2", *CPU_TRAIN, "slurm/train.sbatch", *overrides], cwd=REPO,
                                env=slurm_env(HEADSTART_STEP_DELAY_S="4"), capture_output=True, text=True, check=True)
     job_id = submitted.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 600
@@ -106,3 +119,60 @@ def job_state(job_id: str) -> str:
     shown = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=slurm_env(), capture_output=True, text=True)
     fields = dict(item.split("=", 1) for item in shown.stdout.split() if "=" in item)
     return fields.get("JobState", "UNKNOWN")
+
+
+def wait_for_end(job_id: str, timeout_s: float) -> str:
+    """The final state of a job, polled (a requeued job passes through PENDING again)."""
+    deadline = time.monotonic() + timeout_s
+    while (state := job_state(job_id)) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+        assert time.monotonic() < deadline, f"job {job_id} did not finish (state {state})"
+        time.sleep(2)
+    return state
+
+
+def test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapter(tmp_path, tiny_qwen3_dir):
+    """What Slurm does ahead of a time limit (--signal=B:USR1@300): USR1 to the batch script
+    mid-run. The job saves a complete checkpoint where it is, requeues itself, and the requeued
+    job resumes from that checkpoint to the adapter an uninterrupted job writes, bit for bit,
+    logging to the same W&B run."""
+    data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(16))
+    full, preempted = tmp_path / "full", tmp_path / "preempted"
+    # No periodic checkpoint before the last step: the one the requeued job resumes from is USR1's.
+    settings = dict(max_steps=6, save_steps=100, report_to="[wandb]")
+    sbatch("--nodes=2", *CPU_TRAIN, "slurm/train.sbatch", *tiny_overrides(tiny_qwen3_dir, data, full, **settings))
+
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=2", *CPU_TRAIN, "slurm/train.sbatch",
+         *tiny_overrides(tiny_qwen3_dir, data, preempted, **settings)],
+        cwd=REPO, env=slurm_env(HEADSTART_STEP_DELAY_S="3"), capture_output=True, text=True, check=True,
+    )
+    job_id = submitted.stdout.strip().split(";")[0]
+    log = REPO / "logs" / f"headstart-train-{job_id}.out"
+    deadline = time.monotonic() + 600
+    while "processes: 2" not in (log.read_text() if log.is_file() else ""):  # printed as training starts
+        assert time.monotonic() < deadline and job_state(job_id) in ("PENDING", "RUNNING"), "training never started"
+        time.sleep(1)
+    time.sleep(4)  # a step or two in, of six at 3 s or more each
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], env=slurm_env(), check=True)
+    state = wait_for_end(job_id, 900)
+    text = log.read_text()
+    assert state == "COMPLETED", text[-4000:]
+
+    stopped = re.search(r"stopped at step (\d+) on request", text)
+    assert stopped and "USR1: saving a checkpoint" in text, text[-4000:]
+    step = int(stopped.group(1))
+    assert 1 <= step < 6, f"USR1 did not land mid-run (step {step})"
+    assert f"requeueing job {job_id}" in text and "restart 1" in text
+    assert (preempted / f"checkpoint-{step}" / COMPLETE_MARKER).is_file()
+    assert f"resuming from {preempted / f'checkpoint-{step}'}" in text
+
+    expected = load_file(full / "adapter" / "adapter_model.safetensors")
+    actual = load_file(preempted / "adapter" / "adapter_model.safetensors")
+    assert actual.keys() == expected.keys()
+    for key in expected:
+        assert torch.equal(actual[key], expected[key]), key
+
+    # Both launches of the preempted job logged to one W&B run: the id kept in the run directory.
+    run_id = (preempted / "wandb_run_id").read_text().strip()
+    runs = sorted(path.name for path in (preempted / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs), runs

@@ -315,6 +315,35 @@ def test_offline_nodes_keep_wandb_offline_even_with_a_project(monkeypatch, tmp_p
     assert os.environ["WANDB_MODE"] == "online"
 
 
+def test_wandb_run_id_is_kept_in_the_run_directory_and_runs_are_grouped_by_recipe(monkeypatch, tmp_path):
+    """A requeued or resumed run continues its W&B run instead of opening a second one."""
+    from train.tracking import WANDB_ID_FILE, configure_trackers
+
+    import os
+
+    recipe, _ = parse_recipe(["recipe=smollm2_prefix"])
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")})
+    configure_trackers(recipe, "smollm2_prefix", tmp_path)
+    first = os.environ["WANDB_RUN_ID"]
+    assert (tmp_path / WANDB_ID_FILE).read_text().strip() == first
+    assert os.environ["WANDB_RESUME"] == "allow" and os.environ["WANDB_RUN_GROUP"] == "smollm2_prefix"
+
+    os.environ.pop("WANDB_RUN_ID")
+    configure_trackers(recipe, "smollm2_prefix", tmp_path)  # the relaunch
+    assert os.environ["WANDB_RUN_ID"] == first
+    configure_trackers(recipe, "smollm2_prefix", tmp_path / "other")
+    assert os.environ["WANDB_RUN_ID"] != first  # another run directory, another run
+
+    # Other ranks open no W&B run (only world rank 0 logs): they neither read nor write the id.
+    os.environ.pop("WANDB_RUN_ID")
+    configure_trackers(recipe, "smollm2_prefix", tmp_path / "rank1", main_process=False)
+    assert "WANDB_RUN_ID" not in os.environ and not (tmp_path / "rank1" / WANDB_ID_FILE).exists()
+
+    monkeypatch.setitem(os.environ, "WANDB_RUN_GROUP", "study-smollm2")  # a study's group is kept
+    configure_trackers(recipe, "smollm2_prefix", tmp_path)
+    assert os.environ["WANDB_RUN_GROUP"] == "study-smollm2"
+
+
 def test_train_download_fetches_the_recipes_model(monkeypatch, capsys):
     import train.download as download
 

@@ -50,3 +50,16 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path, tiny_qwen3_dir):
     assert actual.keys() == expected.keys()
     for key in expected:
         torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_resumed_run_continues_the_same_wandb_run(tmp_path, tiny_qwen3_dir):
+    """Offline W&B: the relaunch of a run directory logs to the run its first launch opened."""
+    data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(16))
+    out = tmp_path / "run"
+    launch(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, out, max_steps=2, report_to="[wandb]"))
+    result = launch(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, out, max_steps=3, report_to="[wandb]"))
+    assert f"resuming from {out / 'checkpoint-2'}" in result.stdout
+    run_id = (out / "wandb_run_id").read_text().strip()
+    runs = sorted(path.name for path in (out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs), runs

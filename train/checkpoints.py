@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
@@ -34,6 +35,7 @@ from train.config import (
 )
 
 COMPLETE_MARKER = "CHECKPOINT_COMPLETE"
+STOP_FILE_ENV = "HEADSTART_STOP_FILE"  # slurm/train.sbatch: the file its USR1 handler writes
 TOPOLOGY_FILE = "headstart_topology.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
@@ -219,3 +221,38 @@ class StepDelay(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         time.sleep(self.seconds)
         return control
+
+
+class StopOnRequest(TrainerCallback):
+    """Preemption: once `path` exists (slurm/train.sbatch writes it when Slurm sends USR1
+    ahead of the time limit), save a checkpoint at the end of the current step and stop.
+    The ranks decide together (one all-reduce per step): a rank that saw the file a step
+    later than another would save, or wait in a collective, alone. A request that comes
+    at the last step changes nothing (the run ends and saves its adapter as usual)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.stopped_at: int | None = None
+
+    def requested(self, device: torch.device) -> bool:
+        seen = torch.tensor([1.0 if self.path.is_file() else 0.0], device=device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+        return bool(seen.item())
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.requested(args.device) and state.global_step < state.max_steps:
+            control.should_save = True
+            control.should_training_stop = True
+            self.stopped_at = state.global_step
+        return control
+
+    def report(self, checkpoint: Path) -> None:
+        """Tell the batch script the checkpoint is written, so it requeues the job (main process)."""
+        self.path.write_text(f"saved {checkpoint}\n")
+
+
+def stop_on_request() -> StopOnRequest | None:
+    """The preemption callback when the launch names a stop file (HEADSTART_STOP_FILE)."""
+    path = os.environ.get(STOP_FILE_ENV, "").strip()
+    return StopOnRequest(Path(path)) if path else None

@@ -41,7 +41,8 @@ from headstart.models import download_model, load_tokenizer, resolve_model_dir  
 from headstart.prompts import Family, detect_family, write_training_record  # noqa: E402
 from headstart.refusion import mask_token_id  # noqa: E402
 from train.checkpoints import (  # noqa: E402
-    CompletenessMarker, StepDelay, Topology, check_resume, check_run_dir, last_complete_checkpoint, launch_topology,
+    CompletenessMarker, StepDelay, StopOnRequest, Topology, check_resume, check_run_dir, last_complete_checkpoint,
+    launch_topology, stop_on_request,
 )
 from train.config import BatchPlan, TrainRecipe, batch_plan, validate  # noqa: E402
 from train.data import (  # noqa: E402
@@ -222,8 +223,9 @@ def refusion_collator(recipe: TrainRecipe, tokenizer, process_index: int) -> Ref
 
 
 def callbacks(recipe: TrainRecipe, recipe_name: str, topology: Topology | None = None,
-              plan: BatchPlan | None = None, record: dict | None = None) -> list:
+              plan: BatchPlan | None = None, record: dict | None = None, stop: StopOnRequest | None = None) -> list:
     chosen = [CompletenessMarker(topology, plan, record), ResolvedConfigToWandb(config_to_dict(recipe), recipe_name)]
+    chosen += [stop] if stop is not None else []
     delay = float(os.environ.get("HEADSTART_STEP_DELAY_S", "0") or 0)
     return chosen + [StepDelay(delay)] if delay > 0 else chosen
 
@@ -290,10 +292,11 @@ def main(argv: list[str]) -> None:
     # --- Run directory and trackers --------------------------------------------
     if state.is_main_process:
         dump_config(recipe, output_dir / "config.yaml")
-    configure_trackers(recipe, recipe_name, output_dir)
+    configure_trackers(recipe, recipe_name, output_dir, state.is_main_process)
 
     # --- Model and trainer -----------------------------------------------------
     args = sft_config(recipe, recipe_name, output_dir, state.num_processes, eval_data is not None)
+    stop = stop_on_request()  # preemption (slurm/train.sbatch): checkpoint and stop when asked
     model, peft_config, trainer_class, collator, objective_kwargs = model_dir, lora_config(recipe), SFTTrainer, None, {}
     if recipe.objective == "refusion":
         # The base with its mask and begin tokens (rows trained beside LoRA), then the slot layout and loss.
@@ -314,7 +317,8 @@ def main(argv: list[str]) -> None:
         eval_dataset=eval_data,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=callbacks(recipe, recipe_name, topology, plan, training_record(recipe, recipe_name, plan, data_record)),
+        callbacks=callbacks(recipe, recipe_name, topology, plan, training_record(recipe, recipe_name, plan, data_record),
+                            stop),
         **objective_kwargs,
     )
 
@@ -338,6 +342,16 @@ def main(argv: list[str]) -> None:
                 print("note: the remaining steps follow the learning-rate schedule of the new max_steps; the result "
                       "is not what a fresh run of that length gives", flush=True)
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if stop is not None and stop.stopped_at is not None:
+        # Preempted: the checkpoint is the run's state; the relaunch resumes from it and
+        # writes the adapter. Nothing final is written now.
+        saved = output_dir / f"checkpoint-{stop.stopped_at}"
+        if state.is_main_process:
+            print(f"stopped at step {stop.stopped_at} on request ({stop.path}): saved {saved}; "
+                  f"relaunch the same command to resume", flush=True)
+            stop.report(saved)
+        finish_trackers()
+        return
 
     # --- Adapter and merged model ----------------------------------------------
     save_final(trainer, tokenizer, output_dir, recipe, state, training_record(recipe, recipe_name, plan, data_record))

@@ -8,6 +8,7 @@ W&B run, so a run can be reproduced from its tracker page alone.
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from transformers import TrainerCallback
 from train.config import TrainRecipe
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+WANDB_ID_FILE = "wandb_run_id"  # in the run directory: a resumed or requeued run continues the same W&B run
 
 
 def git_commit() -> str:
@@ -43,11 +45,26 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def configure_trackers(recipe: TrainRecipe, recipe_name: str, output_dir: Path) -> None:
+def wandb_run_id(output_dir: Path) -> str:
+    """The W&B run id of this run directory: created by its first launch, read back by every
+    relaunch (a resume after a kill, a requeued Slurm job), so they all log to one W&B run."""
+    path = output_dir / WANDB_ID_FILE
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = secrets.token_hex(4)  # W&B's own ids are 8 characters of [0-9a-z]
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(run_id + "\n")
+    return run_id
+
+
+def configure_trackers(recipe: TrainRecipe, recipe_name: str, output_dir: Path, main_process: bool = True) -> None:
     """Set the environment the W&B and TensorBoard callbacks read at start-up. W&B is offline
     (synced later with `wandb sync`) when no project is configured, and on an offline machine
     (HF_HUB_OFFLINE=1) even with one, unless WANDB_MODE says otherwise: an online W&B start
-    without internet fails the run."""
+    without internet fails the run. The run keeps its W&B id in the run directory (resumed,
+    never a second run) and is grouped by recipe unless WANDB_RUN_GROUP says otherwise. Only
+    the main process opens a W&B run (transformers' WandbCallback logs on world rank 0), so
+    only it reads or writes the id."""
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(output_dir / "tensorboard"))
     if "wandb" not in recipe.training.report_to:
         return
@@ -64,6 +81,10 @@ def configure_trackers(recipe: TrainRecipe, recipe_name: str, output_dir: Path) 
         os.environ["WANDB_ENTITY"] = recipe.wandb.entity
     os.environ.setdefault("WANDB_DIR", str(output_dir))
     os.environ["WANDB_TAGS"] = ",".join(run_tags(recipe, recipe_name))
+    os.environ.setdefault("WANDB_RUN_GROUP", recipe_name)
+    if main_process:
+        os.environ["WANDB_RUN_ID"] = wandb_run_id(output_dir)
+        os.environ["WANDB_RESUME"] = "allow"  # the first launch creates the run, a relaunch continues it
 
 
 class ResolvedConfigToWandb(TrainerCallback):

@@ -1,0 +1,268 @@
+"""Every command in README.md's ```bash blocks is checked, so the README cannot drift from the code.
+
+Each command is listed in COVERAGE with how it is checked:
+- `Checked()`: its recipe and every key=value parsed and validated by the entry point's own
+  schema (unknown keys, bad values and missing recipes fail), in this process;
+- `RunCheap(extra)`: run here in a cheap mode, the README's arguments followed by `extra`
+  (`limit=0`: the evaluator's check-only mode; later key=value settings win);
+- `HelpHas()`: an argparse script; `--help` runs and names every option the command uses;
+- `Elsewhere(test)`: run for real (on the tiny models) by the named test or script;
+- `Allowed(reason)`: cannot run here, and why.
+A command added to the README without an entry here, or an entry whose command left the
+README, fails `test_every_readme_command_is_covered`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+GPU_OR_HOURS = "needs a GPU, a gated hub model or hours; its recipe and settings are parsed here"
+
+
+@dataclass(frozen=True)
+class Checked:
+    elsewhere: str = ""  # a test that also runs it (on tiny models), when one does
+
+
+@dataclass(frozen=True)
+class RunCheap:
+    extra: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HelpHas:
+    pass
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    test: str  # tests/FILE.py::NAME or a script that runs the command
+
+
+@dataclass(frozen=True)
+class Allowed:
+    reason: str
+
+
+CHECK_ONLY = ("limit=0",)
+COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
+    "make demo": Allowed("the whole demo (17 minutes); its stages are the README's data, train and "
+                         "before/after commands below, each checked here"),
+    "make test": Allowed("the test suite itself"),
+    # The streaming evaluator
+    "python -m eval recipe=humaneval_smollm2": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 limit=40 decode.acceptance=threshold:0.9": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 decode.regenerate=plain": RunCheap(CHECK_ONLY),
+    "python -m eval model=Qwen/Qwen3-8B benchmark=humaneval decode.acceptance=greedy system_prompt=incomplete":
+        Checked(),
+    "python -m eval model=outputs/train/qwen3_prefix/adapter benchmark=humaneval": Checked(),
+    "python benchmarks/bench_faster_answers.py --limit 40 --threads 2 --benchmarks humaneval": HelpHas(),
+    "python benchmarks/bench_faster_answers.py --limit 40 --threads 1 --benchmarks mbpp": HelpHas(),
+    "python benchmarks/bench_lookup_policy.py --limit 40 --threads 2 --drafts-from "
+    "outputs/bench/faster_answers/humaneval/new_format-plain": HelpHas(),
+    "python benchmarks/bench_streaming.py --limit 40 --compare 5 --max-new-tokens 128 --threads 1": HelpHas(),
+    # Data
+    "python -m data_builders recipe=embedded_prefix": Elsewhere("tests/test_slurm.py::"
+                                                                "test_pipeline_chains_data_train_and_before_after_eval"),
+    "python -m data_builders recipe=lmsys_prefix": Checked(),
+    "python -m data_builders recipe=lmsys_prefix_llama31": Checked(),
+    "python -m data_builders recipe=lmsys_prefix_gemma3": Checked(),
+    "python -m data_builders recipe=code_prefix_to_answer": Checked(),
+    "python -m data_builders recipe=code_draft_refinement": Checked(),
+    "python -m data_builders recipe=code_prefix_to_answer mbpp.path=data/mbpp/mbpp.jsonl "
+    "magicoder.path=data/code_sft/magicoder_oss_instruct_75k_sample500.jsonl sources=[mbpp,magicoder] "
+    "caps.max_tokens=0 decontamination.on_missing=skip decontamination.hub=false num_proc=2": Checked(),
+    # Training
+    "accelerate launch train/sft.py": Checked("tests/test_train_resume.py::test_killed_run_resumes_to_the_same_adapter"),
+    "accelerate launch train/sft.py recipe=qwen3_prefix training.learning_rate=1e-4": Checked(),
+    "accelerate launch --config_file recipes/accelerate/zero3.yaml train/sft.py recipe=llama31_prefix": Checked(),
+    "python -m train.merge adapter=outputs/train/qwen3_prefix/adapter output=/tmp/merged": Checked(),
+    "python -m train.download recipe=llama31_prefix": Checked(),
+    "accelerate launch train/sft.py recipe=smollm2_distill": Checked(),
+    "accelerate launch train/sft.py recipe=qwen3_distill distill.top_k=64": Checked(),
+    "accelerate launch --multi_gpu --num_processes 2 train/sft.py recipe=smollm2_prefix": Checked(),
+    "accelerate launch --config_file recipes/accelerate/zero3.yaml --num_processes 2 train/sft.py "
+    "recipe=smollm2_prefix": Checked(),
+    "HF_HUB_OFFLINE=1 python -m train.download recipe=llama31_prefix": Checked(),
+    "HF_HUB_OFFLINE=1 accelerate launch train/sft.py recipe=llama31_prefix": Checked(),
+    # ReFusion
+    "accelerate launch train/sft.py recipe=refusion_prefix_to_answer": Checked(),
+    "accelerate launch train/sft.py recipe=smollm2_refusion": Checked(),
+    "python -m eval recipe=humaneval_refusion": Checked(),
+    "python -m eval recipe=humaneval_smollm2_refusion": Checked(),
+    "python -m eval recipe=humaneval_refusion_draft_refinement": Checked(),
+    "python benchmarks/bench_refusion.py --limit 20": HelpHas(),
+    # Suite
+    "python -m eval recipe=suite model=Qwen/Qwen3-8B": Checked(),
+    "python -m eval recipe=suite_smollm2 limit=4 decode.max_new_tokens=32": RunCheap(CHECK_ONLY),
+    "python benchmarks/bench_suite.py": HelpHas(),
+    "python benchmarks/bench_suite.py --report-only": HelpHas(),
+    "python benchmarks/bench_suite.py --threads 1 --acceptances greedy": HelpHas(),
+    "python benchmarks/bench_suite.py --threads 1 --acceptances threshold:0.9": HelpHas(),
+    # Before/after and the study
+    "python -m eval.before_after recipe=before_after_smollm2 adapted=outputs/train/smollm2_prefix/adapter":
+        Checked("tests/test_slurm.py::test_pipeline_chains_data_train_and_before_after_eval"),
+    "python -m eval.before_after model=Qwen/Qwen3-8B adapted=outputs/train/qwen3_prefix/merged "
+    "benchmarks=[humaneval,mbpp] data_paths='{mbpp: data/mbpp/mbpp.jsonl}' limit=40": Checked(),
+    "python -m eval.before_after recipe=before_after_smollm2 adapted=outputs/train/smollm2_prefix/adapter "
+    "more_adapted='{distill: outputs/train/smollm2_distill/adapter}'": Checked(),
+    "python benchmarks/study_adaptation.py recipe=study_smollm2": Checked(),
+    "python benchmarks/study_adaptation.py recipe=study_smollm2 data_recipe=embedded_prefix max_steps=2 "
+    "curve_points=2 sweep_steps=1 learning_rates=[1e-3] limit=2 benchmarks=[humaneval] "
+    "output_dir=/tmp/study_smoke": Checked(),
+    # Slurm: the same scripts run on the local two-node cluster with CPU options (tests/test_slurm.py)
+    "sbatch slurm/train.sbatch recipe=qwen3_prefix training.learning_rate=1e-4": Checked(
+        "tests/test_slurm.py::test_train_sbatch_runs_on_two_nodes_and_leaves_a_merged_model"),
+    "sbatch --nodes 4 slurm/train.sbatch recipe=qwen3_prefix": Checked(
+        "tests/test_slurm.py::test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapter"),
+    "ACCELERATE_CONFIG=recipes/accelerate/zero3.yaml sbatch slurm/train.sbatch recipe=qwen3_prefix": Checked(),
+    "sbatch slurm/data.sbatch recipe=lmsys_prefix_llama31": Checked(),
+    "sbatch --gpus-per-node=0 slurm/data.sbatch recipe=code_prefix_to_answer": Checked(
+        "tests/test_slurm.py::test_pipeline_chains_data_train_and_before_after_eval"),
+    "sbatch --gpus 1 slurm/eval.sbatch recipe=before_after_smollm2 model=Qwen/Qwen3-8B "
+    "adapted=outputs/train/qwen3_prefix/adapter": Checked(),
+    'slurm/pipeline.sh --data "recipe=lmsys_prefix" --train "recipe=qwen3_prefix" --eval-sbatch "--gpus 1" '
+    '--eval "recipe=before_after_smollm2 model=Qwen/Qwen3-8B adapted=outputs/train/qwen3_prefix/adapter" --wait':
+        Checked("tests/test_slurm.py::test_pipeline_chains_data_train_and_before_after_eval"),
+    # GPU check
+    "bash scripts/gpu_check.sh /tmp/headstart-gpu-check": Allowed("needs a CUDA GPU (README: unverified here)"),
+    "bash scripts/gpu_check.sh --check": RunCheap(),
+}
+
+
+def readme_commands() -> list[str]:
+    """The commands of README.md's ```bash blocks: continuation lines joined, trailing comments
+    and repeated whitespace removed, each once, in order."""
+    commands: list[str] = []
+    for block in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            command = re.sub(r"\s+", " ", re.sub(r"\s+#.*$", "", line)).strip()
+            if command and command not in commands:
+                commands.append(command)
+    return commands
+
+
+def test_every_readme_command_is_covered():
+    commands = readme_commands()
+    missing = [c for c in commands if c not in COVERAGE]
+    stale = [c for c in COVERAGE if c not in commands]
+    assert not missing, "README commands with no check (add them to COVERAGE):\n" + "\n".join(missing)
+    assert not stale, "COVERAGE entries no longer in README.md:\n" + "\n".join(stale)
+
+
+def test_the_tests_named_as_running_a_command_exist():
+    named = [c.test for c in COVERAGE.values() if isinstance(c, Elsewhere)]
+    named += [c.elsewhere for c in COVERAGE.values() if isinstance(c, Checked) and c.elsewhere]
+    for test in named:
+        path, _, name = test.partition("::")
+        assert f"def {name}(" in (REPO / path).read_text(), test
+
+
+def split(command: str) -> tuple[dict[str, str], list[str]]:
+    """(environment assignments, argv) of a README command line."""
+    words = shlex.split(command)
+    env = {}
+    while words and re.match(r"^[A-Z_]+=", words[0]):
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    return env, words
+
+
+def entry_and_arguments(argv: list[str]) -> tuple[str, list[str]]:
+    """The entry point a command runs (`eval`, `train/sft.py`, `slurm/train.sbatch`, ...) and its
+    key=value arguments; launcher options (accelerate's, sbatch's) are left out."""
+    for i, word in enumerate(argv):
+        if word.endswith((".py", ".sbatch", ".sh")) and i > 0 or word in ("-m",):
+            if word == "-m":
+                return argv[i + 1], argv[i + 2:]
+            return word, argv[i + 1:]
+    if argv[0].endswith(".sh"):
+        return argv[0], argv[1:]
+    raise ValueError(f"no entry point in {argv}")
+
+
+def pipeline_arguments(arguments: list[str]) -> dict[str, list[str]]:
+    """slurm/pipeline.sh's --data/--train/--eval strings, as the entry points they go to."""
+    targets = {"--data": "data_builders", "--train": "train/sft.py", "--eval": "eval.before_after"}
+    pairs = zip(arguments[::2], arguments[1::2])
+    return {targets[flag]: value.split() for flag, value in pairs if flag in targets}
+
+
+def parse(entry: str, arguments: list[str]) -> None:
+    """Parse and validate `arguments` with the entry point's own schema, as it does at start."""
+    from headstart.config import load_config
+
+    if entry in ("train/sft.py", "train.download", "slurm/train.sbatch"):
+        from train.sft import parse_recipe
+
+        parse_recipe(arguments)
+    elif entry in ("eval", "slurm/eval.sbatch") and not any(a.startswith("recipe=before_after") for a in arguments):
+        from eval.config import EvalConfig
+
+        load_config(EvalConfig, arguments)
+    elif entry in ("eval.before_after", "slurm/eval.sbatch"):
+        from eval.before_after import BeforeAfterConfig
+
+        load_config(BeforeAfterConfig, arguments)
+    elif entry in ("data_builders", "slurm/data.sbatch"):
+        from data_builders.config import BuildConfig
+
+        load_config(BuildConfig, arguments)
+    elif entry == "train.merge":
+        from train.merge import MergeArgs
+
+        load_config(MergeArgs, arguments)
+    elif entry == "benchmarks/study_adaptation.py":
+        sys.path.insert(0, str(REPO / "benchmarks"))
+        from study_adaptation import StudyConfig
+
+        load_config(StudyConfig, arguments)
+    elif entry == "slurm/pipeline.sh":
+        for target, values in pipeline_arguments(arguments).items():
+            parse(target, values)
+    else:
+        raise AssertionError(f"no schema known for {entry}")
+
+
+@pytest.mark.parametrize("command", [c for c, check in COVERAGE.items() if isinstance(check, Checked)])
+def test_readme_command_parses(command):
+    entry, arguments = entry_and_arguments(split(command)[1])
+    parse(entry, arguments)
+
+
+def run(argv: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1") | env
+    full_env["PYTHONPATH"] = os.pathsep.join([str(REPO), full_env.get("PYTHONPATH", "")])
+    argv = [sys.executable, *argv[1:]] if argv[0] == "python" else argv
+    return subprocess.run(argv, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [c for c, check in COVERAGE.items() if isinstance(check, RunCheap)])
+def test_readme_command_runs_in_its_cheap_mode(command, tmp_path):
+    env, argv = split(command)
+    extra = list(COVERAGE[command].extra)
+    if "limit=0" in extra:
+        extra.append(f"output_dir={tmp_path / 'out'}")
+    result = run([*argv, *extra], env)
+    assert result.returncode == 0, f"{command} {' '.join(extra)}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [c for c, check in COVERAGE.items() if isinstance(check, HelpHas)])
+def test_readme_benchmark_command_names_real_options(command):
+    env, argv = split(command)
+    script = next(word for word in argv if word.endswith(".py"))
+    result = run(["python", script, "--help"], env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for option in (word for word in argv if word.startswith("--")):
+        assert option in result.stdout, f"{script} has no option {option}"
