@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# A sharded evaluation on Slurm: an array of SHARDS tasks of slurm/eval.sbatch (task i
+# evaluates shard i/SHARDS of every side and benchmark, eval/shards.py), then one job,
+# started once every task succeeded (afterok), that runs the same command without shard:
+# it checks and merges the shards and writes the report an unsharded run writes.
+#
+#   slurm/eval_sharded.sh 4 --sbatch "--gpus 1" recipe=before_after_smollm2 adapted=outputs/train/RUN/adapter
+#   slurm/eval_sharded.sh 8 --sbatch "--gpus 1" eval recipe=suite_smollm2 [--wait]
+#
+# --sbatch: options of the array tasks (and of the merge job unless --merge-sbatch gives
+# its own; the merge computes nothing and loads no model: --merge-sbatch "" asks no GPU).
+# --wait: return when the merge job ends (its exit status). Prints "shards ID -> merge ID".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+usage="usage: $0 SHARDS [--sbatch OPTIONS] [--merge-sbatch OPTIONS] [--wait] [eval|eval.before_after] key=value ..."
+if [ $# -lt 1 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then echo "$usage" >&2; exit 2; fi
+shards=$1; shift
+array_opts="" merge_opts="" merge_set="" wait="" args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sbatch) array_opts=$2; shift 2 ;;
+    --merge-sbatch) merge_opts=$2; merge_set=1; shift 2 ;;
+    --wait) wait="--wait"; shift ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+[ -n "$merge_set" ] || merge_opts=$array_opts
+mkdir -p logs
+# A failed shard cancels the merge instead of leaving it pending forever.
+submit() { sbatch --parsable --kill-on-invalid-dep=yes "$@" | cut -d';' -f1; }
+# shellcheck disable=SC2086  # the option strings are deliberately word-split
+array_job=$(submit --array=0-$((shards - 1)) $array_opts slurm/eval.sbatch "${args[@]}")
+echo "shards $array_job -> merge (submitting)"
+# shellcheck disable=SC2086
+merge_job=$(submit $wait --dependency=afterok:$array_job $merge_opts slurm/eval.sbatch "${args[@]}")
+echo "shards $array_job -> merge $merge_job"

@@ -1,0 +1,60 @@
+"""Sharded evaluation on a real Slurm (scripts/slurm_local.sh: two nodes on this machine):
+an array of slurm/eval.sbatch tasks, one shard each, then the merge job (afterok)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from eval.before_after import BeforeAfterConfig, run_before_after
+from eval.engines.decode import DecodeSpec
+from test_before_after import make_adapter
+from test_eval_shards import assert_same_results, shard_ids, untimed, untimed_markdown
+from test_slurm import REPO, cluster_up, slurm_env
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slow,
+    pytest.mark.skipif(not cluster_up(), reason="no local Slurm: run `bash scripts/slurm_local.sh start`"),
+]
+
+
+def test_a_two_task_array_and_its_merge_job_write_the_unsharded_report(tmp_path, tiny_qwen3_dir):
+    adapter = make_adapter(tiny_qwen3_dir, tmp_path / "adapter")
+    whole, out = tmp_path / "whole", tmp_path / "sharded"
+    args = [f"model={tiny_qwen3_dir}", f"adapted={adapter}", "limit=3", "decode.max_new_tokens=8"]
+    run_before_after(BeforeAfterConfig(model=str(tiny_qwen3_dir), adapted=str(adapter), limit=3,
+                                       decode=DecodeSpec(max_new_tokens=8), output_dir=str(whole)))
+    # --exclusive: a whole node per task, so the two shards run at once on n1 and n2.
+    result = subprocess.run(["bash", "slurm/eval_sharded.sh", "2", "--sbatch", f"--exclusive --output={tmp_path}/task-%a.out",
+                             "--merge-sbatch", "", "--wait", *args, f"output_dir={out}"], cwd=REPO,
+                            env=slurm_env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    tasks = [(tmp_path / f"task-{i}.out").read_text() for i in range(2)]
+    assert "shard=0/2" in tasks[0] and "shard=1/2" in tasks[1]
+    assert {"n1", "n2"} == {next(n for n in ("n1", "n2") if f" on {n}:" in log) for log in tasks}
+    merge_job = result.stdout.split()[-1]
+    log = (REPO / "logs" / f"headstart-eval-{merge_job}.out").read_text()
+    assert "(merge and report)" in log and "report:" in log
+    for side in ("before", "after"):
+        ids = shard_ids(whole / side / "humaneval")
+        shards = out / side / "humaneval" / "shards"
+        # Each array task evaluated its own shard: disjoint, together all, in this order.
+        assert [shard_ids(shards / f"{i}-of-2") for i in range(2)] == [ids[0::2], ids[1::2]]
+        assert_same_results(out / side / "humaneval", whole / side / "humaneval")
+    assert untimed_markdown((out / "report.md").read_text()) == untimed_markdown(
+        (whole / "report.md").read_text().replace(str(whole), str(out)))
+    assert untimed(json.loads((out / "summary.json").read_text())) == untimed(json.loads((whole / "summary.json").read_text()))
+
+
+def test_an_array_that_does_not_start_at_zero_is_refused(tmp_path, tiny_qwen3_dir):
+    """--array=1-2 would leave shard 0 (a third of the requests) to nobody."""
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", "--wait", "--array=1-2", f"--output={tmp_path}/task-%a.out", "slurm/eval.sbatch",
+         f"model={tiny_qwen3_dir}", f"adapted={tiny_qwen3_dir}", "limit=2", f"output_dir={tmp_path / 'out'}"],
+        cwd=REPO, env=slurm_env(), capture_output=True, text=True, timeout=600)
+    assert submitted.returncode != 0
+    assert "the array must be 0-1 (one task per shard), not 1-2 with 2 tasks" in (tmp_path / "task-1.out").read_text()
+    assert not (tmp_path / "out").exists()
