@@ -27,9 +27,12 @@ def test_a_two_task_array_and_its_merge_job_write_the_unsharded_report(tmp_path,
     args = [f"model={tiny_qwen3_dir}", f"adapted={adapter}", "limit=3", "decode.max_new_tokens=8"]
     run_before_after(BeforeAfterConfig(model=str(tiny_qwen3_dir), adapted=str(adapter), limit=3,
                                        decode=DecodeSpec(max_new_tokens=8), output_dir=str(whole)))
+    # A job the evaluation comes after (training, in slurm/pipeline.sh).
+    before = subprocess.run(["sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 2"], cwd=REPO, env=slurm_env(),
+                            capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
     # --exclusive: a whole node per task, so the two shards run at once on n1 and n2.
     result = subprocess.run(["bash", "slurm/eval_sharded.sh", "2", "--sbatch", f"--exclusive --output={tmp_path}/task-%a.out",
-                             "--merge-sbatch", "", "--wait", *args, f"output_dir={out}"], cwd=REPO,
+                             "--merge-sbatch", "", "--after", before, "--wait", *args, f"output_dir={out}"], cwd=REPO,
                             env=slurm_env(), capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     tasks = [(tmp_path / f"task-{i}.out").read_text() for i in range(2)]
@@ -58,3 +61,15 @@ def test_an_array_that_does_not_start_at_zero_is_refused(tmp_path, tiny_qwen3_di
     assert submitted.returncode != 0
     assert "the array must be 0-1 (one task per shard), not 1-2 with 2 tasks" in (tmp_path / "task-1.out").read_text()
     assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_shard_cancels_the_merge_job(tmp_path, tiny_qwen3_dir):
+    """The merge waits on every task (afterok); one that fails cancels it instead of leaving it pending."""
+    result = subprocess.run(["bash", "slurm/eval_sharded.sh", "2", "--sbatch", f"--output={tmp_path}/task-%a.out",
+                             "--merge-sbatch", "", "--wait", f"model={tiny_qwen3_dir}", f"adapted={tmp_path / 'absent'}",
+                             "limit=2", f"output_dir={tmp_path / 'out'}"],
+                            cwd=REPO, env=slurm_env(), capture_output=True, text=True, timeout=600)
+    assert result.returncode != 0
+    assert "not found" in (tmp_path / "task-0.out").read_text()
+    # The merge job was cancelled, never run (sbatch --wait alone would have exited 0), and said so.
+    assert "ended CANCELLED, not COMPLETED" in result.stderr and not (tmp_path / "out").exists()
