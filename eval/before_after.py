@@ -23,6 +23,7 @@ from eval.reporting.plots import acceptance_bars, speedup_histogram
 from eval.reporting.tables import macro_average, markdown_rows, markdown_table
 from eval.runner import decode_label, load_records, prepare_evaluation, run_evaluation
 from eval.reporting.wandb_report import log_side
+from eval.shards import parse_shard
 from headstart.config import config_to_dict, dump_config, run_cli
 
 
@@ -43,9 +44,11 @@ class BeforeAfterConfig:
     wandb_group: str | None = field(default=None, metadata={"help": "W&B group linking both runs; default the output dir name."})
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available."})
     dtype: str | None = field(default=None, metadata={"help": "Torch dtype; default bf16 on GPU, fp32 on CPU."})
+    shard: str | None = field(default=None, metadata={"help": "INDEX/COUNT: every side and benchmark evaluates only its shard of the requests (eval.shards), no report; the same run without shard merges the shards and reports. null: all."})
 
     def __post_init__(self) -> None:
         check_limit(self.limit)
+        parse_shard(self.shard)
         for name in self.more_adapted:
             if name in ("before", "after") or not name.replace("_", "").replace("-", "").isalnum():
                 raise ValueError(f"more_adapted: side name {name!r} must be a plain name other than before/after")
@@ -68,6 +71,7 @@ def side_config(config: BeforeAfterConfig, side: str, benchmark: str) -> EvalCon
         device=config.device,
         dtype=config.dtype,
         output_dir=str(Path(config.output_dir) / side / benchmark),
+        shard=config.shard,
     )
 
 
@@ -86,6 +90,8 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
     if config.limit == 0:
         print(f"limit=0: every side of {', '.join(config.benchmarks)} checked; nothing evaluated, nothing written")
         return {}
+    if config.shard:
+        return run_shard(config)
     output_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, output_dir / "config.yaml")
     summaries: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in config.benchmarks}
@@ -100,6 +106,18 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
     for side in config.sides:
         log_side(config, side, summaries, records, figures, config_to_dict(config))
     print(f"\nreport: {output_dir / 'report.md'}\n        {output_dir / 'report.html'}")
+    return summaries
+
+
+def run_shard(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]]]:
+    """One shard of every side and benchmark, each into its own shards/ directory; the
+    report (and the W&B runs) come from the run without shard, which merges the shards.
+    Nothing else is written, so that shards running at once never share a file."""
+    summaries: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in config.benchmarks}
+    for side in config.sides:
+        for benchmark in config.benchmarks:
+            summaries[benchmark][side] = run_evaluation(side_config(config, side, benchmark))
+    print(f"\nshard {config.shard} done; the same command without shard merges the shards and writes the report")
     return summaries
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eval.engines.decode import DecodeSpec
+from eval.shards import parse_shard
 
 
 @dataclass
@@ -28,9 +29,13 @@ class EvalConfig:
     acceptances: list[str] = field(default_factory=list, metadata={"help": "Suite: acceptance rules run in turn (empty: just `decode.acceptance`)."})
     report_only: bool = field(default=False, metadata={"help": "Suite: rebuild the report from the results already written (requests every rule has finished); compute nothing."})
     output_dir: str | None = field(default=None, metadata={"help": "Where results.jsonl and summary.json go; default outputs/eval/<benchmark>-<model>-<acceptance>."})
+    shard: str | None = field(default=None, metadata={"help": "INDEX/COUNT: evaluate only the requests at positions INDEX, INDEX+COUNT, ... of the selection, into output_dir/shards/INDEX-of-COUNT (eval.shards); the same run without shard merges them. null: all."})
 
     def __post_init__(self) -> None:
         check_limit(self.limit)
+        parse_shard(self.shard)
+        if self.shard is not None and self.report_only:
+            raise ValueError("report_only reports merged results; run without shard (that merges the shards)")
 
 
 def check_limit(limit: int | None, minimum: int = 1) -> None:

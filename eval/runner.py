@@ -4,12 +4,11 @@ a rerun resumes where the last one stopped, then the summary and its table."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tqdm import tqdm
 
@@ -21,8 +20,10 @@ from eval.engines.bidirectional import BidirectionalEngine
 from eval.engines.decode import AR_ENGINES, DIFFUSION_ENGINES, DecodeSpec
 from eval.engines.fast_path import Drafting, batched_greedy, final_update, greedy_drafting, round_drafts
 from eval.engines.refusion import RefusionEngine
+from eval.records import append_record, load_records
 from eval.reporting.metrics import running_medians, summarize
 from eval.reporting.tables import markdown_table
+from eval.shards import Shard, merge_into, merged_records, parse_shard, shard_dir, write_manifest
 from headstart.config import config_to_dict, dump_config
 from headstart.models import LoadedModel, load_model, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
@@ -198,19 +199,23 @@ def default_output_dir(config: EvalConfig) -> Path:
 @dataclass
 class PreparedRun:
     """An evaluation checked before anything loads or is written: where it goes, the
-    settings (with fingerprints) config.json records, its benchmark and requests."""
+    settings (with fingerprints) config.json records, its benchmark and requests; for a
+    shard, which one; for a run whose shards are done, their records (to merge)."""
 
     output_dir: Path
     settings: dict[str, Any]
     benchmark: Benchmark
     requests: list[Request]
+    shard: Shard | None = None
+    merged: list[dict[str, Any]] | None = None
 
 
 def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None) -> PreparedRun:
     """Everything that can be refused, checked before a model loads or a file is written:
     the benchmark name, its data (read whole: a bad line, a missing field, an empty file
     or no streamable request is an error), the model and adapter sources (fingerprinted),
-    and the results already in output_dir (same settings, same bytes)."""
+    the results already in output_dir (same settings, same bytes) and, for a run that
+    was sharded, its shards (all there, finished, same settings; eval.shards)."""
     output_dir = Path(config.output_dir) if config.output_dir else default_output_dir(config)
     benchmark = get_benchmark(config.benchmark, config.data_path, config.sandbox_cpu_seconds)
     if requests is None:
@@ -218,21 +223,37 @@ def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None
     if not requests:
         source = config.data_path or "its default source"
         raise ValueError(f"{config.benchmark}: no request with two or more segments in {source}: nothing to evaluate")
-    settings = _check_resumable(output_dir, result_settings(config))
-    return PreparedRun(output_dir, settings, benchmark, requests)
+    current = result_settings(config)
+    shard = parse_shard(config.shard)
+    if shard:
+        # A shard may hold no request (more shards than requests): it finishes at once.
+        directory = shard_dir(output_dir, shard)
+        return PreparedRun(directory, _check_resumable(directory, current), benchmark, shard.select(requests), shard)
+    settings = _check_resumable(output_dir, current)
+    # limit=0 reads every request, not the selection the shards were given: nothing to merge.
+    merged = None if config.limit == 0 else merged_records(output_dir, current, [r.request_id for r in requests])
+    return PreparedRun(output_dir, settings, benchmark, requests, merged=merged)
 
 
 def start_results(prepared: PreparedRun, config: EvalConfig) -> None:
-    """Create the results directory and record its settings (after `prepare_evaluation`)."""
+    """Create the results directory and record its settings (after `prepare_evaluation`);
+    a shard also records its requests, a sharded run gets its shards' records."""
     prepared.output_dir.mkdir(parents=True, exist_ok=True)
     (prepared.output_dir / "config.json").write_text(json.dumps(prepared.settings, indent=2) + "\n")
     dump_config(config, prepared.output_dir / "config.yaml")
+    if prepared.shard:
+        write_manifest(prepared.output_dir, prepared.shard, [r.request_id for r in prepared.requests])
+    if prepared.merged is not None:
+        merge_into(prepared.output_dir / "results.jsonl", prepared.merged)
 
 
 def run_evaluation(
-    config: EvalConfig, loaded: LoadedModel | None = None, requests: list[Request] | None = None
+    config: EvalConfig, loaded: LoadedModel | Callable[[], LoadedModel] | None = None,
+    requests: list[Request] | None = None,
 ) -> dict[str, Any]:
     """Evaluate, appending to results.jsonl; returns the summary (also written).
+    `loaded` is the model, or what loads it, called only when a request is left to
+    compute (a run whose results are all there, e.g. merged shards, loads nothing).
     `requests` replaces the benchmark's first `limit` (scored by the same benchmark).
     With limit=0 it only checks (`prepare_evaluation`): nothing loads, nothing is written."""
     prepared = prepare_evaluation(config, requests)
@@ -247,17 +268,20 @@ def run_evaluation(
     done = {r["request_id"] for r in records}
     todo = [r for r in requests if r.request_id not in done]
     if todo:
+        if callable(loaded):
+            loaded = loaded()
         loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
         evaluator = StreamingEvaluator(loaded, config)
         evaluator.warm_up(todo[0])
-        progress = tqdm(desc=f"{config.benchmark} {config.decode.acceptance}", initial=len(done), total=len(requests))
+        shard = f" shard {prepared.shard}" if prepared.shard else ""
+        progress = tqdm(desc=f"{config.benchmark} {config.decode.acceptance}{shard}", initial=len(done), total=len(requests))
         for group in evaluator.request_groups(todo):
             if evaluator.fast:
                 drafts = sum(len(request.segments) - 1 for request in group)
                 progress.set_postfix_str(f"decoding {drafts} drafts of {len(group)} requests in one batch")
             for request, record in zip(group, evaluator.evaluate_many(group)):
                 record |= _scores(benchmark, request, record)
-                _append(results_path, record)
+                append_record(results_path, record)
                 records.append(record)
                 progress.update()
                 progress.set_postfix(running_medians(records))
@@ -288,30 +312,6 @@ def _scores(benchmark, request: Request, record: dict[str, Any]) -> dict[str, An
     base = benchmark.score(request, record["base_answer"])
     stream = base if record["stream_answer"] == record["base_answer"] else benchmark.score(request, record["stream_answer"])
     return {"base_score": base.value, "stream_score": stream.value, "base_status": base.detail, "stream_status": stream.detail}
-
-
-def load_records(path: Path) -> list[dict[str, Any]]:
-    """Finished records. The last line, cut short by a crash mid-write, is dropped and
-    rewritten away; a bad line anywhere else is damage, an error naming it."""
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    records = []
-    for number, line in enumerate(lines, 1):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as error:
-            if number < len(lines):
-                raise ValueError(f"{path}:{number}: not a JSON record ({error}); the results file is damaged") from error
-            path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return records
-
-
-def _append(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a") as handle:
-        handle.write(json.dumps(record) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def result_settings(config: EvalConfig) -> dict[str, Any]:

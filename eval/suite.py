@@ -6,6 +6,7 @@ directory under the suite's output_dir, so an interrupted suite continues."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -39,13 +40,19 @@ def run_suite(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str
     if config.limit == 0:
         print(f"limit=0: {len(rules) * len(names)} runs checked; nothing evaluated, nothing written")
         return {}
-    loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
+    # Loaded once, by the first run with a request left to compute (merging shards computes none).
+    model = loaded or functools.cache(lambda: load_model(config.model, adapter=config.adapter, dtype=config.dtype,
+                                                         device=config.device))
     by_rule: dict[str, dict[str, dict[str, Any]]] = {}
     for rule in rules:
         by_rule[rule] = {}
         for name in names:
-            by_rule[rule][name] = run_evaluation(_single(config, name, rule, output_dir), loaded)
-    write_suite_report(output_dir, by_rule, config)
+            by_rule[rule][name] = run_evaluation(_single(config, name, rule, output_dir), model)
+    if config.shard:
+        # Shards running at once must not share a file: the report is the merging run's.
+        print(f"\nshard {config.shard} done; the same command without shard merges the shards and writes the report")
+    else:
+        write_suite_report(output_dir, by_rule, config)
     return by_rule
 
 

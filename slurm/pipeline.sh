@@ -4,13 +4,14 @@
 #
 #   slurm/pipeline.sh --data "recipe=lmsys_prefix" \
 #                     --train "recipe=qwen3_prefix" --train-sbatch "--nodes 4 --gpus-per-node 8" \
-#                     --eval "recipe=before_after_qwen3" --eval-sbatch "--gpus 1" [--wait]
+#                     --eval "recipe=before_after_qwen3" --eval-sbatch "--gpus 1" [--eval-shards 8] [--wait]
 #
+# --eval-shards N: the evaluation as an array of N shards and a merge job (slurm/eval_sharded.sh).
 # Arguments inside the quotes are passed through as key=value overrides.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data_args="recipe=embedded_prefix" train_args="recipe=smollm2_prefix" eval_args="recipe=before_after_smollm2"
-data_sbatch="" train_sbatch="" eval_sbatch="" wait=""
+data_sbatch="" train_sbatch="" eval_sbatch="" eval_shards=1 wait=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) data_args=$2; shift 2 ;;
@@ -19,6 +20,7 @@ while [ $# -gt 0 ]; do
     --data-sbatch) data_sbatch=$2; shift 2 ;;
     --train-sbatch) train_sbatch=$2; shift 2 ;;
     --eval-sbatch) eval_sbatch=$2; shift 2 ;;
+    --eval-shards) eval_shards=$2; shift 2 ;;
     --wait) wait="--wait"; shift ;;
     *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
@@ -30,5 +32,10 @@ submit() { sbatch --parsable --kill-on-invalid-dep=yes "$@" | cut -d';' -f1; }
 data_job=$(submit $data_sbatch slurm/data.sbatch $data_args)
 train_job=$(submit --dependency=afterok:$data_job $train_sbatch slurm/train.sbatch $train_args)
 echo "data $data_job -> train $train_job -> eval (submitting)"
+if [ "$eval_shards" != 1 ]; then
+  # shellcheck disable=SC2086
+  bash slurm/eval_sharded.sh "$eval_shards" --after "$train_job" --sbatch "$eval_sbatch" $wait $eval_args
+  exit
+fi
 eval_job=$(submit $wait --dependency=afterok:$train_job $eval_sbatch slurm/eval.sbatch $eval_args)
 echo "eval $eval_job"

@@ -133,6 +133,20 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     'slurm/pipeline.sh --data "recipe=lmsys_prefix" --train "recipe=qwen3_prefix" --eval-sbatch "--gpus 1" '
     '--eval "recipe=before_after_smollm2 model=Qwen/Qwen3-8B adapted=outputs/train/qwen3_prefix/adapter" --wait':
         Checked("tests/test_slurm.py::test_pipeline_chains_data_train_and_before_after_eval"),
+    # Sharded evaluation: shards and their merge in-process; the Slurm array on the local cluster
+    "python -m eval.before_after recipe=before_after_smollm2 adapted=outputs/train/smollm2_prefix/adapter shard=0/2":
+        Checked("tests/test_eval_shards.py::test_sharded_before_after_merges_into_the_unsharded_report"),
+    "python -m eval.before_after recipe=before_after_smollm2 adapted=outputs/train/smollm2_prefix/adapter shard=1/2":
+        Checked("tests/test_eval_shards.py::test_sharded_before_after_merges_into_the_unsharded_report"),
+    "python -m eval recipe=suite_smollm2 shard=0/2": RunCheap(CHECK_ONLY),
+    'slurm/eval_sharded.sh 4 --sbatch "--gpus 1" recipe=before_after_smollm2 adapted=outputs/train/RUN/adapter':
+        Elsewhere("tests/test_slurm_eval.py::test_a_two_task_array_and_its_merge_job_write_the_unsharded_report"),
+    'slurm/eval_sharded.sh 8 --sbatch "--gpus 1" --merge-sbatch "" eval recipe=suite_smollm2 --wait':
+        Elsewhere("tests/test_slurm_eval.py::test_pipeline_evaluates_in_shards_after_training"),
+    "array=$(sbatch --parsable --array=0-3 --gpus 1 slurm/eval.sbatch recipe=before_after_smollm2 "
+    "adapted=outputs/train/RUN/adapter)": Allowed("what slurm/eval_sharded.sh submits, run by tests/test_slurm_eval.py"),
+    "sbatch --dependency=afterok:$array slurm/eval.sbatch recipe=before_after_smollm2 adapted=outputs/train/RUN/adapter":
+        Allowed("what slurm/eval_sharded.sh submits, run by tests/test_slurm_eval.py"),
     # GPU check
     "bash scripts/gpu_check.sh /tmp/headstart-gpu-check": Allowed("needs a CUDA GPU (README: unverified here)"),
     "bash scripts/gpu_check.sh --check": RunCheap(),
@@ -145,7 +159,7 @@ def readme_commands() -> list[str]:
     commands: list[str] = []
     for block in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S):
         for line in block.replace("\\\n", " ").splitlines():
-            command = re.sub(r"\s+", " ", re.sub(r"\s+#.*$", "", line)).strip()
+            command = re.sub(r"\s+", " ", re.sub(r"(^|\s+)#.*$", "", line)).strip()  # comments are not commands
             if command and command not in commands:
                 commands.append(command)
     return commands
