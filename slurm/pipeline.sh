@@ -4,7 +4,7 @@
 #
 #   slurm/pipeline.sh --data "recipe=lmsys_prefix" \
 #                     --train "recipe=qwen3_prefix" --train-sbatch "--nodes 4 --gpus-per-node 8" \
-#                     --eval "recipe=before_after_qwen3" --eval-sbatch "--gpus 1" [--eval-shards 8] [--wait]
+#                     --eval "recipe=before_after_smollm2 model=Qwen/Qwen3-8B adapted=outputs/train/qwen3_prefix/adapter" --eval-sbatch "--gpus 1" [--eval-shards 8] [--wait]
 #
 # --eval-shards N: the evaluation as an array of N shards and a merge job (slurm/eval_sharded.sh).
 # Arguments inside the quotes are passed through as key=value overrides.
