@@ -23,8 +23,7 @@ from eval.engines.fast_path import Drafting, batched_greedy, final_update, greed
 from eval.engines.refusion import RefusionEngine
 from eval.reporting.metrics import running_medians, summarize
 from eval.reporting.tables import markdown_table
-from eval.reporting.typing_report import write_typing
-from eval.typing_sim import check_typing, typing_summary
+from eval.reporting.typing_report import typing_report
 from headstart.config import config_to_dict, dump_config
 from headstart.models import LoadedModel, load_model, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
@@ -269,25 +268,12 @@ def run_evaluation(
     wanted = {r.request_id for r in requests}
     summary = summarize([r for r in records if r["request_id"] in wanted])
     summary |= summary_labels(config) | {key: prepared.settings[key] for key in FINGERPRINT_KEYS}
+    typing = typing_report(config, [r for r in records if r["request_id"] in wanted], output_dir, summary)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     table = markdown_table({config.benchmark: summary})
-    typing = typing_report(config, [r for r in records if r["request_id"] in wanted], output_dir)
     (output_dir / "report.md").write_text(f"# Streaming evaluation ({decode_label(config.decode)})\n\n{table}\n{typing}")
     print(f"\n{table}\n\nresults: {results_path}")
     return summary
-
-
-def typing_report(config: EvalConfig, records: list[dict[str, Any]], output_dir: Path) -> str:
-    """The typing-time simulation's report section (typing.json, its figure); '' when off."""
-    if not config.typing:
-        return ""
-    typist = check_typing(config.typing, config.typing_policy, config.decode)
-    typing = {config.benchmark: typing_summary(records, typist, config.typing_policy, config.decode)}
-    if not typing[config.benchmark]:
-        return ""
-    section = write_typing(output_dir, typing)
-    print(f"\n{section}")
-    return f"\n{section}"
 
 
 def summary_labels(config: EvalConfig) -> dict[str, Any]:

@@ -129,3 +129,26 @@ def test_results_written_without_typing_are_refused_clearly(tiny_qwen3_dir, tmp_
     records = evaluate(tiny_qwen3_dir, tmp_path)
     with pytest.raises(ValueError, match="lacks draft_token_ids.*evaluated without `typing`"):
         typing_summary(records, UNLIMITED, "finish", DecodeSpec())
+
+
+def test_before_after_report_shows_the_typing_simulation_in_markdown_html_and_wandb(tmp_path, tiny_qwen3_dir, monkeypatch):
+    from eval.before_after import BeforeAfterConfig, run_before_after
+    from tests.test_before_after import make_adapter
+
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = tmp_path / "report"
+    config = BeforeAfterConfig(model=str(tiny_qwen3_dir), adapted=str(make_adapter(tiny_qwen3_dir, tmp_path / "adapter")),
+                               limit=2, decode=DecodeSpec(max_new_tokens=12), typing="cpm:400", output_dir=str(out))
+    summaries = run_before_after(config)
+    report, page = (out / "report.md").read_text(), (out / "report.html").read_text()
+    for side in ("before", "after"):
+        assert f"Typing-time simulation, {side} (policy `finish`)" in report and f"Typing-time simulation, {side}" in page
+        assert (out / "figures" / f"typing_{side}.png").stat().st_size > 1000
+        assert "typing_unlimited_time_to_answer_median" in summaries["humaneval"][side]
+    assert page.count("<table>") == 5 and "cpm:800" in page
+    runs = sorted((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2
+    for run in runs:  # each side's run holds the typing figures and numbers (offline: in its .wandb log)
+        assert {p.name.split("_1_")[0] for p in (run / "files" / "media" / "images").glob("typing_*.png")} == {"typing_before", "typing_after"}
+        assert b"humaneval/typing_cpm400_time_to_answer_median" in next(run.glob("run-*.wandb")).read_bytes()
