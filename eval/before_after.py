@@ -19,7 +19,8 @@ from typing import Any
 
 from eval.config import EvalConfig, check_limit
 from eval.engines.decode import DecodeSpec
-from eval.reporting.plots import acceptance_bars, speedup_histogram
+from eval.reporting.plots import acceptance_bars, speedup_histogram, typing_curve
+from eval.reporting.typing_report import TYPING_NOTE, TYPING_TITLE, break_even_notes, typing_rows, typing_section
 from eval.reporting.tables import macro_average, markdown_rows, markdown_table
 from eval.runner import decode_label, load_records, prepare_evaluation, run_evaluation
 from eval.reporting.wandb_report import log_side
@@ -39,6 +40,8 @@ class BeforeAfterConfig:
     limit: int | None = field(default=10, metadata={"help": "Requests per benchmark (first N with n >= 2); null: all; 0: check only (both sides' settings, data, models, output dirs), evaluate and write nothing."})
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decode settings of both sides (eval.engines.decode)."})
     system_prompt: str = field(default="incomplete", metadata={"help": "System message for both sides: 'incomplete', 'model' or text."})
+    typing: str | None = field(default=None, metadata={"help": "Typing-time simulation of both sides (eval.typing_sim): 'cpm:N', 'unlimited' or a keystroke trace file; null: off."})
+    typing_policy: str = field(default="finish", metadata={"help": "Typing simulation: 'finish' or 'abandon' an update when the next segment arrives."})
     output_dir: str = field(default="outputs/before_after/smollm2", metadata={"help": "Report, figures, per-side results."})
     wandb_project: str | None = field(default=None, metadata={"help": "W&B project; unset = offline run under output_dir."})
     wandb_group: str | None = field(default=None, metadata={"help": "W&B group linking both runs; default the output dir name."})
@@ -70,6 +73,8 @@ def side_config(config: BeforeAfterConfig, side: str, benchmark: str) -> EvalCon
         system_prompt=config.system_prompt,
         device=config.device,
         dtype=config.dtype,
+        typing=config.typing,
+        typing_policy=config.typing_policy,
         output_dir=str(Path(config.output_dir) / side / benchmark),
         shard=config.shard,
     )
@@ -102,7 +107,9 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
             summaries[benchmark][side] = run_evaluation(evaluation)
             records[benchmark][side] = load_records(Path(evaluation.output_dir) / "results.jsonl")
     figures = write_figures(summaries, records, output_dir / "figures")
-    write_reports(config, summaries, figures, output_dir)
+    typing = side_typing(config) if config.typing else {}
+    figures += typing_figures(typing, output_dir / "figures")
+    write_reports(config, summaries, figures, output_dir, typing)
     for side in config.sides:
         log_side(config, side, summaries, records, figures, config_to_dict(config))
     print(f"\nreport: {output_dir / 'report.md'}\n        {output_dir / 'report.html'}")
@@ -156,7 +163,7 @@ def report_tables(summaries: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
             f"Table 3: acceptance ({order})": table3}
 
 
-def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], output_dir: Path) -> None:
+def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], output_dir: Path, typing=None) -> None:
     tables = report_tables(summaries)
     models = " → ".join(f"{side} `{model}`" for side, model in config.sides.items())
     markdown = [f"# Before/after streaming report\n\n{models}, "
@@ -165,17 +172,34 @@ def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], out
         markdown += [f"## {title}\n", markdown_rows(header, rows), ""]
     for side in config.sides:
         markdown += [f"## All columns, {side}\n", markdown_table({b: s[side] for b, s in summaries.items()}), ""]
+    for side, by_benchmark in (typing or {}).items():
+        markdown += [typing_section(by_benchmark).replace(f"## {TYPING_TITLE}", f"## {TYPING_TITLE}, {side}", 1)]
     markdown += [f"![{p.stem}](figures/{p.name})" for p in figures]
     (output_dir / "report.md").write_text("\n".join(markdown) + "\n")
     body = [f"<h1>Before/after streaming report</h1><p>{html.escape(markdown[0])}</p>"]
     for title, (header, rows) in tables.items():
         body += [f"<h2>{html.escape(title)}</h2>", _html(header, rows)]
+    for side, by_benchmark in (typing or {}).items():
+        notes = "".join(f"<li>{html.escape(note)}</li>" for note in break_even_notes(by_benchmark))
+        body += [f"<h2>{TYPING_TITLE}, {html.escape(side)}</h2><p>{TYPING_NOTE}</p>", _html(*typing_rows(by_benchmark)),
+                 f"<ul>{notes}</ul>"]
     body += [f'<img src="figures/{p.name}" alt="{p.stem}">' for p in figures]
     (output_dir / "report.html").write_text(
         "<!doctype html><meta charset='utf-8'><title>headstart before/after</title>"
         "<style>table{border-collapse:collapse}td,th{border:1px solid #999;padding:3px 8px}</style>"
         + "\n".join(body) + "\n")
     (output_dir / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
+
+
+def side_typing(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]]]:
+    """typing[side][benchmark]: each side's typing.json (written by run_evaluation)."""
+    return {side: {b: json.loads((Path(side_config(config, side, b).output_dir) / "typing.json").read_text())[b]
+                   for b in config.benchmarks} for side in config.sides}
+
+
+def typing_figures(typing: dict[str, dict[str, dict[str, Any]]], directory: Path) -> list[Path]:
+    """One time-to-answer against typing speed figure per side."""
+    return [typing_curve(by_benchmark, directory / f"typing_{side}.png") for side, by_benchmark in typing.items()]
 
 
 def _fmt(value, fmt: str) -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from eval.engines.decode import DecodeSpec
 from eval.shards import parse_shard
+from eval.typing_sim import check_typing
 
 
 @dataclass
@@ -28,6 +29,8 @@ class EvalConfig:
     data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Suite: local data per benchmark name (the suite's `data_path`s)."})
     acceptances: list[str] = field(default_factory=list, metadata={"help": "Suite: acceptance rules run in turn (empty: just `decode.acceptance`)."})
     report_only: bool = field(default=False, metadata={"help": "Suite: rebuild the report from the results already written (requests every rule has finished); compute nothing."})
+    typing: str | None = field(default=None, metadata={"help": "Typing-time simulation (eval.typing_sim): 'cpm:N' (N characters per minute), 'unlimited', or a keystroke trace file (seconds per character, one a line); null: off."})
+    typing_policy: str = field(default="finish", metadata={"help": "Typing simulation: a segment arriving mid-update 'finish'es the update first or 'abandon's it for the newest segment."})
     output_dir: str | None = field(default=None, metadata={"help": "Where results.jsonl and summary.json go; default outputs/eval/<benchmark>-<model>-<acceptance>."})
     shard: str | None = field(default=None, metadata={"help": "INDEX/COUNT: evaluate only the requests at positions INDEX, INDEX+COUNT, ... of the selection, into output_dir/shards/INDEX-of-COUNT (eval.shards); the same run without shard merges them. null: all."})
 
@@ -36,6 +39,8 @@ class EvalConfig:
         parse_shard(self.shard)
         if self.shard is not None and self.report_only:
             raise ValueError("report_only reports merged results; run without shard (that merges the shards)")
+        if self.typing is not None:
+            check_typing(self.typing, self.typing_policy, self.decode)
 
 
 def check_limit(limit: int | None, minimum: int = 1) -> None:

@@ -24,6 +24,7 @@ from eval.records import append_record, load_records
 from eval.reporting.metrics import running_medians, summarize
 from eval.reporting.tables import markdown_table
 from eval.shards import Shard, merge_into, merged_records, parse_shard, shard_dir, write_manifest
+from eval.reporting.typing_report import typing_report
 from headstart.config import config_to_dict, dump_config
 from headstart.models import LoadedModel, load_model, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
@@ -150,7 +151,9 @@ class StreamingEvaluator:
             "min_residual_forwards": self.engine.min_residual_forwards,
             "engine": "fast" if self.fast else ("stepwise" if self.decode.engine in AR_ENGINES else self.decode.engine),
         }
-        if self.config.record_tokens:
+        if self.config.typing:  # what eval.typing_sim re-derives drafts and costs from
+            record |= {"prompt_token_ids": self.prompts(request), "eos_token_ids": sorted(self.engine.eos_token_ids)}
+        if self.config.record_tokens or self.config.typing:
             record |= {"draft_token_ids": drafting.drafts, "base_token_ids": baseline.answer,
                        "stream_token_ids": final.answer}
         if lookup:
@@ -289,9 +292,10 @@ def run_evaluation(
     wanted = {r.request_id for r in requests}
     summary = summarize([r for r in records if r["request_id"] in wanted])
     summary |= summary_labels(config) | {key: prepared.settings[key] for key in FINGERPRINT_KEYS}
+    typing = typing_report(config, [r for r in records if r["request_id"] in wanted], output_dir, summary)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     table = markdown_table({config.benchmark: summary})
-    (output_dir / "report.md").write_text(f"# Streaming evaluation ({decode_label(config.decode)})\n\n{table}\n")
+    (output_dir / "report.md").write_text(f"# Streaming evaluation ({decode_label(config.decode)})\n\n{table}\n{typing}")
     print(f"\n{table}\n\nresults: {results_path}")
     return summary
 

@@ -147,6 +147,16 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "adapted=outputs/train/RUN/adapter)": Allowed("what slurm/eval_sharded.sh submits, run by tests/test_slurm_eval.py"),
     "sbatch --dependency=afterok:$array slurm/eval.sbatch recipe=before_after_smollm2 adapted=outputs/train/RUN/adapter":
         Allowed("what slurm/eval_sharded.sh submits, run by tests/test_slurm_eval.py"),
+    # Typing-time simulation and the live page
+    "python -m eval recipe=humaneval_smollm2 typing=cpm:400": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 typing=cpm:400 typing_policy=abandon": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 typing=keystrokes.tsv":
+        Elsewhere("tests/test_typing_sim.py::test_a_keystroke_trace_replays_its_gaps_cyclically"),
+    "python -m eval.before_after recipe=before_after_smollm2 typing=cpm:400": Checked(
+        "tests/test_typing_sim.py::test_before_after_report_shows_the_typing_simulation_in_markdown_html_and_wandb"),
+    "python -m eval.live model=smollm2": Elsewhere("tests/test_live.py::test_typed_request_gets_the_evaluators_answer"),
+    "python -m eval.live model=outputs/train/smollm2_prefix/adapter decode.max_new_tokens=128 port=8080":
+        Elsewhere("tests/test_live.py::test_typed_request_gets_the_evaluators_answer"),
     # GPU check
     "bash scripts/gpu_check.sh /tmp/headstart-gpu-check": Allowed("needs a CUDA GPU (README: unverified here)"),
     "bash scripts/gpu_check.sh --check": RunCheap(),

@@ -101,3 +101,29 @@ def _save(figure, path: Path) -> Path:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
+
+
+def typing_curve(typing: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Median time-to-answer after Enter against typing speed, per benchmark: streamed
+    (solid, cpm points; the unlimited typist as a dotted level) and baseline (dashed)."""
+    figure, axes = plt.subplots(figsize=(6, 3.5))
+    for index, (benchmark, summary) in enumerate(typing.items()):
+        color = SIDE_COLORS[(index + 1) % len(SIDE_COLORS)]
+        timed = [p for p in summary["curve"] if p["typist"].startswith("cpm:")]
+        cpm = [float(p["typist"][4:]) for p in timed]
+        axes.plot(cpm, [p["time_to_answer_median"] for p in timed], "o-", color=color, label=f"{benchmark} stream")
+        axes.plot(cpm, [p["baseline_seconds_median"] for p in timed], "--", color=color, label=f"{benchmark} baseline")
+        for point in summary["curve"]:
+            if point["typist"] == "unlimited":
+                axes.axhline(point["time_to_answer_median"], color=color, linestyle=":",
+                             label=f"{benchmark} unlimited typist (sentence replay)")
+    axes.set_xscale("log", base=2)
+    from eval.typing_sim import CURVE_CPM
+
+    axes.set_xticks(list(CURVE_CPM), [str(c) for c in CURVE_CPM])
+    axes.set_xlabel("typing speed (characters per minute)")
+    axes.set_ylabel("median seconds after Enter")
+    axes.set_ylim(bottom=0)
+    axes.set_title(f"Time to answer while typing (policy {next(iter(typing.values()))['policy']})")
+    axes.legend(fontsize="x-small")
+    return _save(figure, path)

@@ -1,0 +1,249 @@
+"""Typing-time simulation (PROTOCOL.md, "Typing-time simulation (optional)").
+
+A request is typed character by character in simulated time; segment S_i becomes
+available when its last character is typed, and the last character is Enter's
+moment. Drafting updates run in the gaps; when the next segment arrives before an
+update is done, the policy either `finish`es it (the next update then waits) or
+`abandon`s it (its work is lost, the held draft stays, and the next update starts
+at once from the newest segment). Every update, the abandoned one included, starts
+from the newest segment available when it starts.
+
+Where durations come from (the design choice, and why):
+- Which draft is held changes with the timing, so each update's forwards are
+  re-derived from the tokens: under `greedy` acceptance D_i = greedy(S_i) whatever
+  draft was held (the fast path's per-prefix drafts), and the forwards of an update
+  holding D_j are `fast_path.update_cost`, the count the engine executes (checked
+  against the stepwise engine in tests/test_ar_engine.py). Other rules make D_i
+  depend on the held draft, which would need the model at report time: refused.
+- Seconds = forwards x a per-request rate measured on this model and machine and
+  already recorded in results.jsonl: drafting updates at the baseline's rate
+  (baseline_seconds / baseline_forwards, batch-1 decode steps on this request's
+  context), the final update at the residual phase's own rate. So the unlimited
+  typist (every update done before the next segment) reproduces the sentence
+  replay exactly (forwards and seconds: the scale factor is exactly 1), the
+  baseline is the measured one, and a report rebuilt from results.jsonl is the same
+  report (no clock is read here). Cost: a forward's cost is taken as independent
+  of its width, a fair approximation at batch 1 (memory-bound steps), rough for a
+  verify pass over a long new segment.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eval.engines.base import common_prefix_length
+from eval.engines.decode import AR_ENGINES, DecodeSpec
+from eval.engines.fast_path import update_cost
+
+POLICIES = ("finish", "abandon")
+CURVE_CPM = (200, 400, 800)  # the speeds every typing report plots, beside the unlimited typist
+# Arrival spacing of the unlimited typist: longer than any update (checked), so every
+# update finishes first; finite, so times stay ordinary floats.
+UNLIMITED_GAP = 1e9
+
+
+@dataclass(frozen=True)
+class Typist:
+    """When each character is typed: `gaps[k % len(gaps)]` seconds after the one before
+    (the first after time 0); `gaps` None: unlimited time between segments."""
+
+    label: str
+    gaps: tuple[float, ...] | None
+
+    def arrivals(self, segments: list[str]) -> list[float]:
+        """Seconds at which each S_i is complete (its last character typed)."""
+        if self.gaps is None:
+            return [UNLIMITED_GAP * (i + 1) for i in range(len(segments))]
+        times, typed, clock = [], 0, 0.0
+        for segment in segments:
+            for _ in segment:
+                clock += self.gaps[typed % len(self.gaps)]
+                typed += 1
+            times.append(clock)
+        return times
+
+
+def cpm_typist(cpm: float) -> Typist:
+    if not (cpm > 0 and math.isfinite(cpm)):
+        raise ValueError(f"typing=cpm:N needs a typing speed N > 0 characters per minute, not {cpm}")
+    return Typist(f"cpm:{cpm:g}", (60.0 / cpm,))
+
+
+UNLIMITED = Typist("unlimited", None)
+
+
+def parse_typist(spec: str) -> Typist:
+    """`unlimited`, `cpm:<N>`, or the path of a keystroke trace (`read_trace`)."""
+    if spec == "unlimited":
+        return UNLIMITED
+    if spec.startswith("cpm:"):
+        try:
+            cpm = float(spec[4:])
+        except ValueError:
+            raise ValueError(f"typing={spec!r}: N of cpm:N must be a number of characters per minute") from None
+        return cpm_typist(cpm)
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"typing={spec!r}: neither 'unlimited', 'cpm:<N>' nor an existing keystroke trace file")
+    return read_trace(path)
+
+
+def read_trace(path: Path) -> Typist:
+    """A recorded keystroke trace: one keystroke per line, its time in seconds, optionally
+    followed by a tab and the character typed (ignored); blank lines and '#' comments
+    skipped. Its gaps are replayed in turn, cyclically, for requests longer than it."""
+    times: list[float] = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        text = line.split("\t", 1)[0].strip()
+        if not text or text.startswith("#"):
+            continue
+        try:
+            time = float(text)
+        except ValueError:
+            raise ValueError(f"{path}:{number}: {text!r} is not a keystroke time in seconds") from None
+        if not math.isfinite(time) or time < 0:
+            raise ValueError(f"{path}:{number}: keystroke time {text} must be a finite number of seconds >= 0")
+        if times and time < times[-1]:
+            raise ValueError(f"{path}:{number}: keystroke times must not decrease ({time:g} after {times[-1]:g})")
+        times.append(time)
+    if len(times) < 2:
+        raise ValueError(f"{path}: a keystroke trace needs at least 2 keystroke times, found {len(times)}")
+    gaps = tuple(b - a for a, b in zip(times, times[1:]))
+    if not any(gaps):
+        raise ValueError(f"{path}: every keystroke has the same time: the trace gives no typing speed")
+    return Typist(f"trace:{path.name}", gaps)
+
+
+@dataclass
+class TypedRequest:
+    """One request typed by one typist: what the user waits after Enter, and how drafting fared."""
+
+    time_to_answer: float  # seconds from the last keystroke to the complete streamed answer
+    baseline_seconds: float  # the baseline starts at Enter
+    final_forwards: int
+    updates: int  # drafting updates started
+    kept_up: int  # of them, done before the next segment arrived
+    abandoned: int
+    waited: float  # seconds the final update waited for a drafting update (finish policy)
+    drafting_forwards: int  # of the finished drafting updates (abandoned work not counted)
+
+
+def check_typing_decode(decode: DecodeSpec) -> None:
+    """The simulation re-derives drafts per prefix: greedy acceptance on an AR engine only."""
+    if not decode.rule.lossless or decode.engine not in AR_ENGINES:
+        raise ValueError("typing simulation needs decode.acceptance=greedy on an autoregressive engine (drafts are "
+                         "then per-prefix greedy drafts, whatever draft was held); got "
+                         f"acceptance={decode.acceptance}, engine={decode.engine}")
+
+
+def typing_inputs(record: dict[str, Any]) -> None:
+    """Refuse a record that lacks what the simulation needs (written without `typing`)."""
+    missing = [k for k in ("draft_token_ids", "stream_token_ids", "prompt_token_ids", "eos_token_ids") if k not in record]
+    if missing:
+        raise ValueError(f"record {record.get('request_id')} lacks {', '.join(missing)}: it was evaluated without "
+                         "`typing`; evaluate into another output_dir with typing set")
+
+
+def simulate(record: dict[str, Any], typist: Typist, policy: str, decode: DecodeSpec) -> TypedRequest:
+    """Type one recorded request (`typing_inputs`) and replay drafting in simulated time."""
+    typing_inputs(record)
+    drafts, prompts = record["draft_token_ids"], record["prompt_token_ids"]
+    eos = set(record["eos_token_ids"])
+    arrivals = typist.arrivals(record["segments"])
+    draft_rate = record["baseline_seconds"] / record["baseline_forwards"]
+
+    def forwards(held: list[int], answer: list[int], earlier: list[list[int]], index: int) -> int:
+        accepted = common_prefix_length(held, answer)
+        return update_cost(held, answer, accepted, earlier, prompts[index], decode, eos)
+
+    held, earlier, covered, free = [], [], 0, 0.0  # covered: segments the held draft answers
+    updates = kept = abandoned = spent = 0
+    while True:
+        start = max(free, arrivals[covered])
+        newest = max(i for i, t in enumerate(arrivals) if t <= start)
+        if newest == len(arrivals) - 1:
+            break
+        cost = forwards(held, drafts[newest], earlier, newest)
+        duration = cost * draft_rate
+        if typist.gaps is None and duration >= UNLIMITED_GAP:
+            raise ValueError(f"an update of {duration:g} s exceeds the unlimited typist's gap")
+        updates += 1
+        if start + duration <= arrivals[newest + 1]:
+            kept += 1
+        elif policy == "abandon":
+            abandoned += 1
+            free = arrivals[newest + 1]
+            continue
+        earlier = ([held] if held else []) + earlier
+        held, covered, free, spent = drafts[newest], newest + 1, start + duration, spent + cost
+    final = forwards(held, record["stream_token_ids"], earlier, len(arrivals) - 1)
+    waited = max(0.0, free - arrivals[-1])
+    # Scaled by exactly 1.0 when the final update is the sentence replay's own.
+    seconds = record["residual_seconds"] * (final / record["residual_forwards"])
+    return TypedRequest(waited + seconds, record["baseline_seconds"], final, updates, kept, abandoned, waited, spent)
+
+
+def valid_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The requests every report column uses (metrics.summarize): both answers non-empty."""
+    return [r for r in records if r["base_answer"].strip() and r["stream_answer"].strip()]
+
+
+def typing_point(records: list[dict[str, Any]], typist: Typist, policy: str, decode: DecodeSpec) -> dict[str, Any]:
+    """Medians over requests for one typist; per-request rows under 'requests'."""
+    typed = [(r["request_id"], simulate(r, typist, policy, decode)) for r in records]
+    updates = sum(t.updates for _, t in typed)
+    return {
+        "typist": typist.label,
+        "time_to_answer_median": statistics.median(t.time_to_answer for _, t in typed),
+        "baseline_seconds_median": statistics.median(t.baseline_seconds for _, t in typed),
+        "final_forwards_median": statistics.median(t.final_forwards for _, t in typed),
+        "kept_up_share": sum(t.kept_up for _, t in typed) / updates if updates else 1.0,
+        "requests": [{"request_id": rid} | vars(t) for rid, t in typed],
+    }
+
+
+def break_even_cpm(records: list[dict[str, Any]], policy: str, decode: DecodeSpec, low: float = 50.0,
+                   high: float = 51200.0) -> float | None:
+    """The slowest typing speed (cpm, within 2%) at which the median streamed time-to-answer
+    is no shorter than the median baseline: where the gain disappears. None: a gain
+    remains up to `high` cpm; `low`: gone already at `low`."""
+    def gone(cpm: float) -> bool:
+        point = typing_point(records, cpm_typist(cpm), policy, decode)
+        return point["time_to_answer_median"] >= point["baseline_seconds_median"]
+
+    if gone(low):
+        return low
+    if not gone(high):
+        return None
+    while high / low > 1.02:  # bisection in log space: the simulation is cheap
+        middle = math.sqrt(low * high)
+        low, high = (low, middle) if gone(middle) else (middle, high)
+    return round(high, 1)
+
+
+def typing_summary(records: list[dict[str, Any]], typist: Typist, policy: str, decode: DecodeSpec) -> dict[str, Any]:
+    """The typing report of one benchmark: the configured typist's per-request rows, the
+    curve (200, 400, 800 cpm and unlimited), and the speed where the gain disappears."""
+    check_typing_decode(decode)
+    valid = valid_records(records)
+    if not valid:
+        return {}
+    curve = [typing_point(valid, t, policy, decode) for t in (*map(cpm_typist, CURVE_CPM), UNLIMITED)]
+    return {
+        "policy": policy,
+        "configured": typing_point(valid, typist, policy, decode),
+        "curve": [{k: v for k, v in point.items() if k != "requests"} for point in curve],
+        "break_even_cpm": break_even_cpm(valid, policy, decode),
+    }
+
+
+def check_typing(spec: str, policy: str, decode: DecodeSpec) -> Typist:
+    """Validate the `typing` settings before anything loads; the typist they name."""
+    if policy not in POLICIES:
+        raise ValueError(f"typing_policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+    check_typing_decode(decode)
+    return parse_typist(spec)
