@@ -2,14 +2,19 @@
 # Install headstart and what it needs on a fresh machine (idempotent, CPU-only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Model-written code runs only under bubblewrap (eval/sandbox.py refuses to run it without).
-if ! command -v bwrap >/dev/null; then
+# System packages (root, Debian/Ubuntu): bubblewrap, without which eval/sandbox.py runs no
+# model-written program; chromium and its driver for the live page's headless-browser test.
+need=()
+command -v bwrap >/dev/null || need+=(bubblewrap)
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
+if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   else
-    echo "setup.sh: bubblewrap (bwrap) is missing; install it (Debian/Ubuntu: sudo apt-get install bubblewrap)," \
-      "or no model-written program can be run" >&2
+    echo "setup.sh: missing ${need[*]}; install them (Debian/Ubuntu: sudo apt-get install ${need[*]})." \
+      "Without bubblewrap no model-written program can be run; without chromium the live page's test is skipped" >&2
   fi
 fi
 PIP="python -m pip install --quiet --disable-pip-version-check"
