@@ -106,8 +106,10 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m eval recipe=suite_smollm2 limit=4 decode.max_new_tokens=32": RunCheap(CHECK_ONLY),
     "python benchmarks/bench_suite.py": HelpHas(),
     "python benchmarks/bench_suite.py --report-only": HelpHas(),
-    "python benchmarks/bench_suite.py --threads 1 --acceptances greedy": HelpHas(),
-    "python benchmarks/bench_suite.py --threads 1 --acceptances threshold:0.9": HelpHas(),
+    "python benchmarks/bench_suite.py --threads 1 --acceptances greedy --regenerate lookup": HelpHas(),
+    "python benchmarks/bench_suite.py --threads 1 --acceptances greedy --regenerate lookup --benchmarks coedit,chat":
+        HelpHas(),
+    "python benchmarks/bench_suite.py --report-only --acceptances greedy --regenerate lookup": HelpHas(),
     # Before/after and the study
     "python -m eval.before_after recipe=before_after_smollm2 adapted=outputs/train/smollm2_prefix/adapter":
         Checked("tests/test_slurm.py::test_pipeline_chains_data_train_and_before_after_eval"),
