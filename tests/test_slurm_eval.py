@@ -12,7 +12,7 @@ from eval.before_after import BeforeAfterConfig, run_before_after
 from eval.engines.decode import DecodeSpec
 from test_before_after import make_adapter
 from test_eval_shards import assert_same_results, shard_ids, untimed, untimed_markdown
-from test_slurm import REPO, cluster_up, slurm_env
+from test_slurm import CPU_DATA, CPU_TRAIN, REPO, cluster_up, slurm_env
 
 pytestmark = [
     pytest.mark.slurm,
@@ -87,7 +87,8 @@ def test_pipeline_evaluates_in_shards_after_training(tmp_path, tiny_qwen3_dir):
                   f"output_dir={report_dir}"]
     result = subprocess.run(
         ["bash", "slurm/pipeline.sh", "--data", f"recipe=embedded_prefix output_dir={data_dir}",
-         "--train", "recipe=smollm2_prefix " + " ".join(train),
+         "--data-sbatch", " ".join(CPU_DATA),  # the local cluster has no GPU; the sbatch defaults ask for them
+         "--train", "recipe=smollm2_prefix " + " ".join(train), "--train-sbatch", " ".join(CPU_TRAIN),
          "--eval", "recipe=before_after_smollm2 " + " ".join(evaluation), "--eval-shards", "2", "--wait"],
         cwd=REPO, env=slurm_env(), capture_output=True, text=True, timeout=1500,
     )
