@@ -34,6 +34,7 @@ from eval.before_after import BeforeAfterConfig, report_tables, run_before_after
 from eval.engines.decode import DecodeSpec
 from eval.reporting.plots import learning_curve, residual_forwards_boxes
 from eval.reporting.tables import markdown_rows
+from eval.reporting.wandb_report import wandb_mode
 from eval.runner import load_records, run_evaluation
 from headstart.config import dump_config, run_cli
 
@@ -97,9 +98,8 @@ def timed(output: Path, stage: str):
 
 def stage_env(config: StudyConfig) -> dict[str, str]:
     """Offline hub, the study's thread count, and every W&B run in the study's group."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(config.threads), WANDB_RUN_GROUP=config.group)
-    env.setdefault("WANDB_MODE", "online" if env.get("WANDB_PROJECT") else "offline")
-    return env
+    return dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=str(config.threads), WANDB_RUN_GROUP=config.group,
+                WANDB_MODE=wandb_mode(None))
 
 
 def run_stage(config: StudyConfig, argv: list[str]) -> None:
@@ -264,8 +264,6 @@ def timings_table(output: Path) -> list[str]:
 def log_curve(config: StudyConfig, output: Path, points, figures: list[Path]) -> None:
     """The learning curve as one more run of the study's W&B group."""
     import wandb
-
-    from eval.reporting.wandb_report import wandb_mode
 
     run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "headstart", group=config.group,
                      name=f"{config.group}-curve", job_type="study-curve", dir=str(output),

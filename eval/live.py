@@ -24,10 +24,10 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from eval.engines.ar import AREngine
 from eval.engines.decode import DecodeSpec
-from eval.runner import eos_token_ids, system_message
+from eval.runner import eos_token_ids
 from headstart.config import run_cli
 from headstart.models import LoadedModel, load_model
-from headstart.prompts import build_messages, encode_prompt
+from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 
 PAGE = Path(__file__).with_name("live_page") / "index.html"
 
@@ -51,7 +51,7 @@ class LiveModel:
     def __init__(self, loaded: LoadedModel, config: LiveConfig) -> None:
         self.loaded = loaded
         self.engine = AREngine(loaded.model, eos_token_ids(loaded), config.decode)
-        self.system = system_message(config.system_prompt, config.model)
+        self.system = resolve_system_message(config.system_prompt, config.model)
         self.worker = ThreadPoolExecutor(max_workers=1)
 
     def prompt(self, text: str) -> list[int]:

@@ -56,7 +56,7 @@ class StreamingEvaluator:
         # The fast path batches AR drafting across requests: AR decoding only.
         self.fast = self.decode.fast
         self.engine = build_engine(loaded, self.decode)
-        self.system = system_message(config.system_prompt, config.adapter or config.model)
+        self.system = resolve_system_message(config.system_prompt, config.adapter or config.model)
 
     def prompts(self, request: Request) -> list[list[int]]:
         """Token ids of the templated prompt after each segment S_1..S_n."""
@@ -182,14 +182,6 @@ def eos_token_ids(loaded: LoadedModel) -> set[int]:
     configured = loaded.model.generation_config.eos_token_id
     ids |= set(configured) if isinstance(configured, (list, tuple)) else {configured}
     return {i for i in ids if i is not None}
-
-
-def system_message(setting: str, source: str | None = None) -> str | None:
-    """The system message of an evaluation, by headstart.prompts' one vocabulary (training's):
-    'model' (the message `source`, an adapter or merged directory, was trained with, as it
-    records; none for a model that records none), 'incomplete' (ours), 'none' (the template's
-    default) or literal text."""
-    return resolve_system_message(setting, source)
 
 
 def default_output_dir(config: EvalConfig) -> Path:

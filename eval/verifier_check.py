@@ -27,11 +27,11 @@ from eval.engines.bidirectional import bidirectional_logits
 from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import batched_greedy
 from eval.reporting.tables import markdown_rows
-from eval.runner import eos_token_ids, system_message
+from eval.runner import eos_token_ids
 from headstart.config import config_to_dict, run_cli
 from eval.config import check_limit
 from headstart.models import LoadedModel, load_model, weights_fingerprint
-from headstart.prompts import build_messages, encode_prompt
+from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 
 VERIFIERS = ("causal", "bidirectional")
 DRAFT_SOURCES = ("greedy", "reference")
@@ -88,7 +88,7 @@ def check(config: VerifierCheckConfig, loaded: LoadedModel | None = None) -> dic
     if config.limit == 0:
         return {}
     loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
-    system = system_message(config.system_prompt, config.adapter or config.model)
+    system = resolve_system_message(config.system_prompt, config.adapter or config.model)
     prompts = [encode_prompt(loaded.tokenizer, build_messages(r.text, r.history, system), loaded.family) for r in requests]
     answers = draft_answers(config, loaded, requests, prompts)
     kept: dict[str, list[float]] = {"foreign": [], "own": []}

@@ -106,8 +106,8 @@ def test_system_message_vocabulary(tmp_path):
 
 def test_the_evaluator_uses_the_adapters_training_system_message(tmp_path):
     """`python -m eval model=<adapter dir>` used the template's system message ('model' meant none)."""
-    from eval.runner import system_message
     from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, write_training_record
+    from headstart.prompts import resolve_system_message as system_message  # what the evaluator calls
 
     adapter = tmp_path / "adapter"
     write_training_record(adapter, {"system_message": INCOMPLETE_REQUEST_SYSTEM})
