@@ -161,7 +161,7 @@ def curve(config: StudyConfig, report: BeforeAfterConfig, runs: dict[str, Path],
     every checkpoint is evaluated with the report's own settings (side_config)."""
     output = Path(config.output_dir)
     base = summaries[config.curve_benchmark]["before"]
-    sides = dict(zip(config.objectives, ["after", *list(config.objectives)[1:]]))  # objective -> report side
+    side_of_model = {model: side for side, model in report.sides.items()}
     points: dict[str, list[dict]] = {}
     every = config.max_steps // config.curve_points
     for objective, run_dir in runs.items():
@@ -172,7 +172,7 @@ def curve(config: StudyConfig, report: BeforeAfterConfig, runs: dict[str, Path],
                                  output_dir=str(output / "curve" / objective / f"step-{step}"))
             summary = run_evaluation(evaluation)
             points[objective].append({"step": step, **{k: summary[k] for k in CURVE_KEYS}})
-        final = summaries[config.curve_benchmark][sides[objective]]
+        final = summaries[config.curve_benchmark][side_of_model[str(run_dir / "adapter")]]
         points[objective].append({"step": config.max_steps, **{k: final[k] for k in CURVE_KEYS}})
     (output / "curve.json").write_text(json.dumps(points, indent=1) + "\n")
     return points
