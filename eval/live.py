@@ -1,17 +1,22 @@
 """`python -m eval.live model=smollm2`: answer while typing, live, in a web page.
 
-One model in this process serves a small page (Starlette, a websocket per page): at each
-sentence boundary the page sends the text typed so far and the model runs one streaming
-update (verify the held draft, keep what passes, redraft the rest: eval.engines.ar); at
+One model in this process serves a small page (Starlette, a websocket per page): the page
+sends the text at every keystroke; when a segment is complete (PROTOCOL's segmentation of
+a free-form request, headstart.segment: a segment is complete once the next has begun)
+the model runs one streaming update on the complete segments (verify the held draft,
+keep what passes, redraft the rest: eval.engines.ar); at
 Enter it runs the final update and, for comparison, the baseline from scratch. Every
 model call goes through one worker thread, so requests from several pages are queued,
-never interleaved. A model failure is shown in the page, not swallowed.
+never interleaved. A page that types faster than the model updates gets its queued
+segment updates dropped in favour of the newest text (`Inbox`). A model failure is
+shown in the page, not swallowed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +33,7 @@ from eval.runner import eos_token_ids
 from headstart.config import run_cli
 from headstart.models import LoadedModel, load_model
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
+from headstart.segment import segment_request
 
 PAGE = Path(__file__).with_name("live_page") / "index.html"
 
@@ -85,25 +91,89 @@ class LiveModel:
             return {"type": "error", "message": f"{type(error).__name__}: {error}"}
 
 
+class Inbox:
+    """A page's messages waiting for the model. Only the newest text matters while the user
+    types (the typing simulation's `abandon` policy): queued segment updates are dropped when
+    a newer segment or an Enter follows them; an Enter is never dropped."""
+
+    def __init__(self) -> None:
+        self.waiting: deque[dict[str, Any]] = deque()
+        self.arrived = asyncio.Event()
+        self.closed = False
+
+    def put(self, message: dict[str, Any] | None) -> None:
+        """A message from the page; None: the page went away."""
+        if message is None:
+            self.closed = True
+        else:
+            self.waiting.append(message)
+        self.arrived.set()
+
+    async def take(self) -> tuple[dict[str, Any] | None, int]:
+        """(the next message to run, how many superseded segments were dropped); None once closed."""
+        while not self.waiting and not self.closed:
+            self.arrived.clear()
+            await self.arrived.wait()
+        if not self.waiting:
+            return None, 0
+        dropped = 0
+        while len(self.waiting) > 1 and self.waiting[0].get("type") == "segment":
+            self.waiting.popleft()
+            dropped += 1
+        return self.waiting.popleft(), dropped
+
+
+def complete_prefix(typed: str) -> str:
+    """The complete segments of the text typed so far: all but the last, which may still grow."""
+    return "".join(segment_request(typed)[:-1])
+
+
+async def read_messages(websocket: WebSocket, inbox: Inbox) -> None:
+    """Receive while the model works, so that newer text supersedes queued updates. A
+    keystroke (`typed`) becomes a drafting update when it completes a new segment."""
+    drafted = ""
+    try:
+        while True:
+            message = await websocket.receive_json()
+            if message.get("type") == "typed":
+                prefix = complete_prefix(message["text"])
+                if prefix and prefix != drafted:
+                    inbox.put({"type": "segment", "text": prefix})
+                drafted = prefix
+            else:
+                if message.get("type") == "enter":
+                    drafted = ""  # the next request starts from nothing
+                inbox.put(message)
+    except WebSocketDisconnect:
+        inbox.put(None)
+
+
 def build_app(live: LiveModel) -> Starlette:
     async def page(request) -> HTMLResponse:
         return HTMLResponse(PAGE.read_text())
 
     async def socket(websocket: WebSocket) -> None:
         await websocket.accept()
+        inbox = Inbox()
+        reader = asyncio.create_task(read_messages(websocket, inbox))
         state = live.engine.new_state()  # one request per page at a time
         try:
             while True:
-                message = await websocket.receive_json()
+                message, dropped = await inbox.take()
+                if message is None:
+                    return
                 if message.get("type") == "enter":
-                    await websocket.send_json(await live.run(live.enter, state, message["text"]))
+                    reply = await live.run(live.enter, state, message["text"])
                     state = live.engine.new_state()
                 elif message.get("type") == "segment":
-                    await websocket.send_json(await live.run(live.segment, state, message["text"]))
+                    reply = await live.run(live.segment, state, message["text"])
                 else:
-                    await websocket.send_json({"type": "error", "message": f"unknown message type {message.get('type')!r}"})
+                    reply = {"type": "error", "message": f"unknown message type {message.get('type')!r}"}
+                await websocket.send_json(reply | {"dropped": dropped})
         except WebSocketDisconnect:
             pass
+        finally:
+            reader.cancel()
 
     return Starlette(routes=[Route("/", page), WebSocketRoute("/ws", socket)])
 
@@ -115,7 +185,10 @@ def serve(config: LiveConfig) -> None:
         raise ValueError(f"eval.live runs the autoregressive engine; decode.engine={config.decode.engine} is not one")
     loaded = load_model(config.model, dtype=config.dtype, device=config.device)
     print(f"eval.live: http://{config.host}:{config.port}/")
-    uvicorn.run(build_app(LiveModel(loaded, config)), host=config.host, port=config.port, log_level="warning")
+    # Keep-alive pings, but no closing on a late pong: on a busy CPU the event loop may answer
+    # late while the worker thread runs the model, and a page must not drop for that.
+    uvicorn.run(build_app(LiveModel(loaded, config)), host=config.host, port=config.port, log_level="warning",
+                ws_ping_interval=20.0, ws_ping_timeout=None)
 
 
 def main(argv: list[str] | None = None) -> int:

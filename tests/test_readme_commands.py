@@ -159,6 +159,8 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m eval.live model=smollm2": Elsewhere("tests/test_live.py::test_typed_request_gets_the_evaluators_answer"),
     "python -m eval.live model=outputs/train/smollm2_prefix/adapter decode.max_new_tokens=128 port=8080":
         Elsewhere("tests/test_live.py::test_typed_request_gets_the_evaluators_answer"),
+    "python -m eval.live_screenshot model=smollm2 request=0 cpm=400 output=docs/live_page.png": Elsewhere(
+        "tests/test_live.py::test_the_screenshot_command_types_a_benchmark_request_and_saves_the_answered_page"),
     # GPU check
     "bash scripts/gpu_check.sh /tmp/headstart-gpu-check": Allowed("needs a CUDA GPU (README: unverified here)"),
     "bash scripts/gpu_check.sh --check": RunCheap(),
