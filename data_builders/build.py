@@ -86,6 +86,17 @@ def build(config: BuildConfig, command: str = "python -m data_builders") -> Path
     report = Report()
     created = not work.exists()
     open_work_dir(work)
+    with report.timed(work, "build"):
+        splits = _build_splits(config, work, created, report)
+    save(DatasetDict(splits), config, report, output, command)
+    if not config.keep_work_dir:
+        remove_work_dir(work)
+    return output
+
+
+def _build_splits(config: BuildConfig, work: Path, created: bool, report: Report) -> dict[str, Dataset]:
+    """Every pass up to the finished splits (the output is not written yet)."""
+    output, _ = output_paths(config)
     try:
         requests = collect(config, work, report)
     except BaseException:
@@ -97,7 +108,8 @@ def build(config: BuildConfig, command: str = "python -m data_builders") -> Path
     analysed = _analyse(requests, config, work, index, tokenizer)
     rows = eligible_rows(analysed, config, _token_budget(analysed, config), report)
     selection = choose(rows, column(analysed, "num_segments"), config, report)
-    answers, drafts = gather_answers(analysed, selection, config, work)
+    with report.timed(work, "answers"):
+        answers, drafts = gather_answers(analysed, selection, config, work)
     cut = cut_answers(selection.rows(), answers)
     report.drop("answer_hit_token_cap", cut)
     report.drop("empty_answer", int((~has_answer(analysed, selection.rows(), answers)).sum()) - cut)
@@ -118,10 +130,7 @@ def build(config: BuildConfig, command: str = "python -m data_builders") -> Path
     if not len(splits["validation"]):
         # `datasets` cannot read back a split saved without rows: none is written (training skips evaluation).
         del splits["validation"]
-    save(DatasetDict(splits), config, report, output, command)
-    if not config.keep_work_dir:
-        remove_work_dir(work)
-    return output
+    return splits
 
 
 def _load_tokenizer(name: str | None) -> Any | None:

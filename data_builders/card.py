@@ -40,7 +40,7 @@ def render_card(name: str, fmt: str, pairs: str, answers: str, report: Report, c
               "`answer_model` (the model that wrote the answer; null for the corpus's own), "
               "`full_request` (S_n, the complete request).", ""]
     lines += _splits(report) + _inputs(report) + _funnel(report) + _drops(report)
-    lines += _decontamination(report) + _tokens(report)
+    lines += _decontamination(report) + _tokens(report) + _seconds(report)
     lines += ["## Resolved config", "", "```yaml", config_yaml.rstrip(), "```", ""]
     return "\n".join(lines)
 
@@ -104,3 +104,12 @@ def _tokens(report: Report) -> list[str]:
             if s:
                 out.append(f"| {split} | {column} | {s['min']} | {s['mean']} | {s['median']} | {s['p95']} | {s['max']} |")
     return out + [""]
+
+
+def _seconds(report: Report) -> list[str]:
+    if not report.seconds:
+        return []
+    names = {"answers": "answers and drafts (model generation, cached)", "build": "whole build"}
+    out = ["## Build time", "", "Wall clock on the building machine, summed over the runs of a resumed build.", "",
+           "| pass | seconds |", "|---|---:|"]
+    return out + [f"| {names.get(k, k)} | {v:.1f} |" for k, v in report.seconds.items()] + [""]

@@ -26,7 +26,7 @@ from data_builders.report import Report
 OUTPUT_MARKER = ".headstart-dataset"
 WORK_MARKER = ".headstart-work"
 # What a build writes into its work directory (datasets' map adds shard suffixes and tmp files).
-WORK_FILES = ("requests-*", "analysed-*", "pairs-*", "answers-*", "tmp*")
+WORK_FILES = ("requests-*", "analysed-*", "pairs-*", "answers-*", "seconds.json", "tmp*")
 MARKED_BY = "python -m data_builders"
 
 

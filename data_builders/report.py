@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -51,6 +54,7 @@ class Report:
     decontamination: dict = field(default_factory=dict)
     tokens: dict = field(default_factory=dict)
     splits: dict[str, dict[str, int]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)  # wall clock per pass, summed over resumed runs
 
     def drop(self, reason: str, count: int) -> None:
         if count:
@@ -64,6 +68,24 @@ class Report:
         for per_source in self.read_drops.values():
             total.update(per_source)
         return total
+
+    @contextmanager
+    def timed(self, work: Path, name: str) -> Iterator[None]:
+        """Add the wall-clock seconds of the block to pass `name`, kept in the work directory so
+        that a killed and resumed build reports the time of all its runs (a kill by signal
+        that Python cannot see loses only the run it ends)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if work.is_dir():  # a build refused on reading removes its fresh work directory
+                self._add_seconds(work / "seconds.json", name, time.perf_counter() - start)
+
+    def _add_seconds(self, path: Path, name: str, elapsed: float) -> None:
+        seconds = json.loads(path.read_text()) if path.is_file() else {}
+        seconds[name] = round(seconds.get(name, 0.0) + elapsed, 1)
+        path.write_text(json.dumps(seconds, indent=1) + "\n")
+        self.seconds[name] = seconds[name]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -32,9 +33,16 @@ def run(tmp_path: Path, *args: str, name: str = "out") -> tuple[Path, Report]:
 
 
 def tree_bytes(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()
-    }
+    """A digest per file, the build's wall-clock seconds left out (the card's "Build time"
+    section and report.json's `seconds`): everything else must repeat byte for byte."""
+    def timeless(path: Path) -> bytes:
+        if path.name == "README.md":
+            return re.sub(r"## Build time\n.*?(?=\n## )", "", path.read_text(), flags=re.S).encode()
+        if path.name == "report.json":
+            return json.dumps(json.loads(path.read_text()) | {"seconds": None}).encode()
+        return path.read_bytes()
+
+    return {str(p.relative_to(root)): hashlib.sha256(timeless(p)).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 # --- segmentation -------------------------------------------------------------------------
@@ -351,3 +359,15 @@ def test_mbpp_splits_read_every_untested_id_and_never_a_test_id(tmp_path, data_d
     assert ids & set(range(1, 11)) and ids & set(range(511, 601)) and ids & set(range(601, 975))
     assert main([*common, "filters.mbpp_splits=[train,test]", f"output_dir={tmp_path / 'o'}"]) == 2
     assert "filters.mbpp_splits" in capsys.readouterr().err and not (tmp_path / "o").exists()
+
+
+def test_the_card_reports_build_time_summed_over_resumed_runs(tmp_path, tiny_qwen3_ending_dir):
+    args = ["recipe=embedded_prefix", f"output_dir={tmp_path / 'out'}", f"model={tiny_qwen3_ending_dir}",
+            "generation.cache_files=[]", "generation.max_new_tokens=8", "decontamination.benchmarks=[humaneval]"]
+    first = Report.load(build(load_config(BuildConfig, args)) / "report.json").seconds
+    output = build(load_config(BuildConfig, args))  # the kept work directory: every answer cached
+    second = Report.load(output / "report.json").seconds
+    assert set(first) == {"answers", "build"} and 0 < first["answers"] <= first["build"]
+    assert second["build"] > first["build"] and second["answers"] >= first["answers"]
+    card = (output / "README.md").read_text()
+    assert f"| whole build | {second['build']:.1f} |" in card and "## Build time" in card

@@ -6,7 +6,6 @@ build a few dozen answers in seconds and are as deterministic as a real one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,18 +22,13 @@ from data_builders.build import build
 from data_builders.config import BuildConfig
 from data_builders.generation import cache_path
 from data_builders.report import Report
+from test_data_builders import tree_bytes
 from headstart.segment import segment_request
 from headstart.config import load_config
 from headstart.prompts import build_messages, render_prompt
 from headstart.segment import prefixes
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def tree_bytes(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()
-    }
 
 
 def embedded_args(output: Path, model: Path, *extra: str) -> list[str]:
