@@ -87,12 +87,12 @@ class StreamingEvaluator:
             return [self._evaluate_stepwise(request) for request in requests]
         prompts = [self.prompts(request) for request in requests]
         records = []
-        for request, request_prompts, drafting in zip(requests, prompts, self._drafts(prompts)):
+        for request, request_prompts, drafting in zip(requests, prompts, self.drafts(prompts)):
             final = final_update(self.engine, request_prompts, drafting)
             records.append(self._record(request, *self._baselines(request_prompts[-1]), final, drafting))
         return records
 
-    def _drafts(self, prompts: list[list[list[int]]]) -> list[Drafting]:
+    def drafts(self, prompts: list[list[list[int]]]) -> list[Drafting]:
         """Each request's drafts D_1..D_{n-1} and their forwards, batched across requests."""
         decode, eos = self.decode, self.engine.eos_token_ids
         if not decode.rule.lossless:
