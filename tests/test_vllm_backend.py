@@ -191,3 +191,38 @@ def test_self_distilled_data_built_on_vllm_matches_and_trains(tmp_path, smollm2)
         assert check_answer_models(train, str(output), "smollm2", allowed=False) == []
         tokenized = tokenize_dataset(train, smollm2.tokenizer, smollm2.family, "incomplete_request")
         assert len(tokenized) > 0 and all(sum(row["completion_mask"]) > 0 for row in tokenized), backend
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_lora_adapter_through_vllm_matches_peft(tmp_path, smollm2, requests):
+    """An adapter directory drafts through vLLM's LoRA as PEFT decodes it on transformers."""
+    from peft import LoraConfig, get_peft_model
+
+    from eval.engines.vllm_drafter import VLLMDrafter
+    from headstart.models import load_model
+    from headstart.vllm_client import VLLMSettings
+
+    base = load_model("smollm2", device="cpu", dtype="float32").model
+    adapted = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(0)
+    for name, parameter in adapted.named_parameters():
+        if "lora_B" in name:  # a trained-looking adapter: B is zero at initialisation
+            torch.nn.init.normal_(parameter, std=0.02)
+    adapted.save_pretrained(tmp_path / "adapter")
+    config_path = tmp_path / "adapter" / "adapter_config.json"
+    config_path.write_text(json.dumps(json.loads(config_path.read_text()) | {"base_model_name_or_path": "smollm2"}))
+    peft = load_model(str(tmp_path / "adapter"), device="cpu", dtype="float32")
+    prompts = [p for request in requests[:2] for p in StreamingEvaluator(smollm2, eval_config()).prompts(request)[:-1]]
+    eos = {smollm2.tokenizer.eos_token_id}
+    on_peft = batched_greedy(peft.model, prompts, smollm2.tokenizer.pad_token_id, eos, 24)
+    drafter = VLLMDrafter.start(str(tmp_path / "adapter"), None, VLLMSettings(), None, "cpu", eos)
+    try:
+        on_vllm = drafter.greedy(prompts, 24)
+    finally:
+        drafter.close()
+    plain = batched_greedy(smollm2.model, prompts, smollm2.tokenizer.pad_token_id, eos, 24)
+    same = [a == b for a, b in zip(on_peft, on_vllm)]
+    agreement(f"LoRA drafts of {len(prompts)} prefixes, vLLM LoRA vs PEFT", same)
+    assert on_peft != plain  # the adapter changes the answers, so agreement means it was applied
+    assert sum(same) >= 0.8 * len(same)
