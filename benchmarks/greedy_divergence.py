@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from eval.benchmarks import Request, get_benchmark
-from eval.engines.base import common_prefix_length
+from eval.divergence import first_divergence
 from eval.runner import StreamingEvaluator, load_records, saved_config
 from headstart.models import load_model
 
@@ -49,14 +49,12 @@ def report_divergence(evaluator: StreamingEvaluator, request: Request, record: d
     prompt = evaluator.prompts(request)[-1]
     base = tokenizer(record["base_answer"], add_special_tokens=False)["input_ids"]
     stream = tokenizer(record["stream_answer"], add_special_tokens=False)["input_ids"]
-    index = common_prefix_length(base, stream)
-    if index >= min(len(base), len(stream)):
-        print(f"{record['request_id']}: one answer is a prefix of the other (length {index})")
+    divergence = first_divergence(model, prompt, base, stream)
+    if divergence is None:
+        print(f"{record['request_id']}: one answer is a prefix of the other")
         return
-    logits = model(torch.tensor([prompt + base[:index]], device=model.device)).logits[0, -1].float()
-    gap = (logits[base[index]] - logits[stream[index]]).item()
-    print(f"{record['request_id']}: token {index}: baseline {tokenizer.decode([base[index]])!r}, "
-          f"stream {tokenizer.decode([stream[index]])!r}, one-pass logit gap (baseline - stream) {gap:+.2e}")
+    print(f"{record['request_id']}: token {divergence.index}: baseline {tokenizer.decode([divergence.expected])!r}, "
+          f"stream {tokenizer.decode([divergence.other])!r}, one-pass logit gap (baseline - stream) {divergence.gap:+.2e}")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ def gather(analysed: Dataset, selection: Selection, config: BuildConfig, work: P
         batch_size=config.generation.batch_size,
         backend=config.generation.backend,
         device=config.generation.device,
+        vllm=config.generation.vllm,
     )
     cache = AnswerCache(cache_path(work, config.model), [resolve(p) for p in config.generation.cache_files])
     requests, rows = subset["request"], chosen.tolist()

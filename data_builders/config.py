@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from headstart.benchmark_registry import EVALUATION_SETS
+from headstart.vllm_client import VLLMSettings
 
 
 @dataclass
@@ -51,11 +52,12 @@ class DecontaminationConfig:
 
 @dataclass
 class GenerationConfig:
-    backend: str = field(default="auto", metadata={"help": "auto (vLLM if installed and a GPU is present), transformers or vllm."})
-    batch_size: int = field(default=8, metadata={"help": "Prompts per generation batch (one cache write each)."})
+    backend: str = field(default="auto", metadata={"help": "auto (vLLM when its environment exists and a GPU is present), transformers or vllm."})
+    batch_size: int = field(default=8, metadata={"help": "Prompts per generation batch (one cache write each); with vLLM, what one call gets (raise it: vLLM schedules its own batches)."})
     max_new_tokens: int = field(default=512, metadata={"help": "Longest generated answer or draft."})
     device: Optional[str] = field(default=None, metadata={"help": "Torch device for transformers; null: cuda if present."})
     cache_files: list[str] = field(default_factory=list, metadata={"help": "Read-only answer caches consulted before generating."})
+    vllm: VLLMSettings = field(default_factory=VLLMSettings, metadata={"help": "backend=vllm: tensor_parallel_size, data_parallel_size and the engines' other settings (headstart.vllm_client)."})
 
 
 @dataclass

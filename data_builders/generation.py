@@ -2,7 +2,10 @@
 
 Batches are fixed slices of the sorted prompt list, so a resumed run pads every
 batch exactly as the uninterrupted run did and produces the same tokens. vLLM
-is used when it is installed and a GPU is present; transformers otherwise.
+(headstart.vllm_client, its own environment) is used when that environment exists
+and a GPU is present, or when asked for; transformers otherwise. Both take the
+same token ids and their answers are decoded by the same tokenizer, so one cache
+serves both (they agree but for floating-point near-ties: tests/test_vllm_backend.py).
 
 Each answer is cached with whether it ended (`finished`: the model emitted its end
 of turn) or was cut at `max_new_tokens`. A cut answer must not become a training
@@ -12,8 +15,8 @@ and teaches it to stop early (data_builders/answers.py drops them).
 
 from __future__ import annotations
 
-import importlib.util
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -21,7 +24,9 @@ import torch
 from tqdm import tqdm
 
 from data_builders.answer_cache import AnswerCache, answer_key
+from headstart.models import end_token_ids
 from headstart.prompts import build_messages, render_prompt
+from headstart.vllm_client import VLLMEngines, VLLMSettings, vllm_dtype, vllm_model, vllm_unavailable
 
 Generate = Callable[[list[str]], list[tuple[str, bool]]]  # prompts -> (answer, finished) each
 
@@ -33,6 +38,7 @@ class GenerationSettings:
     batch_size: int
     backend: str = "auto"
     device: str | None = None
+    vllm: VLLMSettings = field(default_factory=VLLMSettings)
 
 
 def greedy_answers(requests: list[str], settings: GenerationSettings, cache: AnswerCache, desc: str) -> list[str]:
@@ -50,13 +56,14 @@ def greedy_answers_finished(
     unique = sorted(dict(zip(keys, prompts)).items(), key=lambda kv: (len(kv[1]), kv[0]))
     generate: Generate | None = None
     batches = [unique[i : i + settings.batch_size] for i in range(0, len(unique), settings.batch_size)]
-    for batch in tqdm(batches, desc=desc, unit="batch"):
-        if all(key in cache for key, _ in batch):
-            continue
-        generate = generate or _backend(settings)
-        outputs = generate([prompt for _, prompt in batch])
-        cache.add([{"key": k, "model": settings.model, "answer": a, "finished": done}
-                   for (k, _), (a, done) in zip(batch, outputs)])
+    with ExitStack() as engines:  # vLLM's processes stop with the last batch
+        for batch in tqdm(batches, desc=desc, unit="batch"):
+            if all(key in cache for key, _ in batch):
+                continue
+            generate = generate or _backend(settings, engines)
+            outputs = generate([prompt for _, prompt in batch])
+            cache.add([{"key": k, "model": settings.model, "answer": a, "finished": done}
+                       for (k, _), (a, done) in zip(batch, outputs)])
     return [(cache.get(key), _finished(cache, key, tokenizer, settings.max_new_tokens)) for key in keys]
 
 
@@ -81,13 +88,12 @@ def _tokenizer(model: str):
     return _TOKENIZERS[model]
 
 
-def _backend(settings: GenerationSettings) -> Generate:
+def _backend(settings: GenerationSettings, engines: ExitStack) -> Generate:
     backend = settings.backend
     if backend == "auto":
-        has_vllm = importlib.util.find_spec("vllm") is not None
-        backend = "vllm" if has_vllm and torch.cuda.is_available() else "transformers"
+        backend = "vllm" if vllm_unavailable(settings.vllm) is None and torch.cuda.is_available() else "transformers"
     if backend == "vllm":
-        return _vllm_backend(settings)
+        return _vllm_backend(settings, engines)
     if backend == "transformers":
         return _transformers_backend(settings)
     raise ValueError(f"generation.backend must be auto, transformers or vllm, not {backend!r}")
@@ -99,8 +105,7 @@ def _transformers_backend(settings: GenerationSettings) -> Generate:
     loaded = load_model(settings.model, device=settings.device)
     tokenizer, model = loaded.tokenizer, loaded.model
     tokenizer.padding_side = "left"  # decoding continues from the right edge
-    configured = model.generation_config.eos_token_id
-    eos = {tokenizer.eos_token_id, *(configured if isinstance(configured, (list, tuple)) else [configured])} - {None}
+    eos = end_token_ids(tokenizer, model.generation_config)
 
     @torch.inference_mode()
     def generate(prompts: list[str]) -> list[str]:
@@ -121,20 +126,27 @@ def _transformers_backend(settings: GenerationSettings) -> Generate:
     return generate
 
 
-def _vllm_backend(settings: GenerationSettings) -> Generate:
-    from vllm import LLM, SamplingParams
-
-    from headstart.models import resolve_model_dir
+def _vllm_backend(settings: GenerationSettings, engines: ExitStack) -> Generate:
+    """vLLM engines on the model (an adapter directory through vLLM's LoRA), in the dtype the
+    transformers path uses; token ids in and out, encoded and decoded as the transformers path does."""
+    from transformers import GenerationConfig
 
     tokenizer = _tokenizer(settings.model)
-    llm = LLM(model=resolve_model_dir(settings.model), seed=0)
-    params = SamplingParams(temperature=0.0, max_tokens=settings.max_new_tokens)
+    model = vllm_model(settings.model)
+    try:
+        configured = GenerationConfig.from_pretrained(model.model_dir)
+    except OSError:  # a model without generation_config.json: the tokenizer's EOS alone
+        configured = None
+    eos = end_token_ids(tokenizer, configured)
+    device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    vllm = engines.enter_context(VLLMEngines(model, settings.vllm, vllm_dtype(None, device)))
 
-    def generate(prompts: list[str]) -> list[str]:
+    def generate(prompts: list[str]) -> list[tuple[str, bool]]:
         # Token ids, as the transformers path feeds them: the template already holds BOS.
         ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-        outputs = llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False)
-        return [(out.outputs[0].text.strip(), out.outputs[0].finish_reason != "length") for out in outputs]
+        answers = vllm.generate(ids, settings.max_new_tokens, eos)
+        return [(tokenizer.decode(answer, skip_special_tokens=True).strip(), bool(answer) and answer[-1] in eos)
+                for answer in answers]
 
     return generate
 

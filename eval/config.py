@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eval.engines.decode import DecodeSpec
+from headstart.vllm_client import VLLMSettings
 from eval.shards import parse_shard
 from eval.typing_sim import check_typing
+
+
+BACKENDS = ("transformers", "vllm")
 
 
 @dataclass
@@ -20,7 +24,9 @@ class EvalConfig:
     limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N requests (with n >= 2 segments); null: all; 0: check only (settings, data, model source, output_dir), evaluate and write nothing."})
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decoder, acceptance rule, answer length, regeneration mode (eval.engines.decode)."})
     system_prompt: str = field(default="model", metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, none, or literal text"})
-    fast_batch_size: int = field(default=32, metadata={"help": "Fast path batch: prefixes decoded together (greedy), or requests per round (other rules)."})
+    fast_batch_size: int = field(default=32, metadata={"help": "Fast path batch: prefixes decoded together (greedy), or requests per round (other rules); with backend=vllm, what one vLLM call gets (raise it: vLLM schedules its own batches)."})
+    backend: str = field(default="transformers", metadata={"help": "Fast path drafting on 'transformers' or 'vllm' (drafts, verify passes and regeneration; same tokens, same forward counts); baselines and the timed residual phase stay on transformers at batch 1."})
+    vllm: VLLMSettings = field(default_factory=VLLMSettings, metadata={"help": "backend=vllm: the engines' settings (headstart.vllm_client.VLLMSettings)."})
     record_tokens: bool = field(default=False, metadata={"help": "Also store each request's drafts D_1..D_{n-1} and both answers as token ids (offline replays, e.g. benchmarks/bench_lookup_policy.py)."})
     sandbox_cpu_seconds: int | None = field(default=None, metadata={"help": "CPU-time limit of each executed program; default the benchmark's own."})
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
@@ -37,6 +43,11 @@ class EvalConfig:
     def __post_init__(self) -> None:
         check_limit(self.limit)
         parse_shard(self.shard)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        if self.backend == "vllm" and not self.decode.fast:
+            raise ValueError(f"backend=vllm drafts on the fast path; decode.engine={self.decode.engine} runs on transformers "
+                             "(use decode.engine=auto, or backend=transformers)")
         if self.shard is not None and self.report_only:
             raise ValueError("report_only reports merged results; run without shard (that merges the shards)")
         if self.typing is not None:

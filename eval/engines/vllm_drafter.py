@@ -1,0 +1,41 @@
+"""Drafting on vLLM (`backend=vllm`): the fast path's token work, the same tokens out.
+
+Greedy drafts of all prefixes go to vLLM as one batch; under `threshold:TAU` each
+round's verify passes are vLLM prompt log-probabilities over request + draft (one
+call for all rows), and regeneration from the accepted prefixes is one batch. The
+forwards are never vLLM's: `eval.engines.fast_path` computes them from the tokens,
+with the functions the transformers path uses, so both backends count alike.
+"""
+
+from __future__ import annotations
+
+from eval.engines.acceptance import AcceptanceRule
+from headstart.vllm_client import VLLMEngines, VLLMSettings, vllm_dtype, vllm_model
+
+
+class VLLMDrafter:
+    """A `eval.engines.fast_path.Drafter` on vLLM engines."""
+
+    def __init__(self, engines: VLLMEngines, eos_token_ids: set[int]) -> None:
+        self.engines = engines
+        self.eos_token_ids = eos_token_ids
+
+    @classmethod
+    def start(cls, model: str, adapter: str | None, settings: VLLMSettings, dtype: str | None, device: str,
+              eos_token_ids: set[int]) -> "VLLMDrafter":
+        """Engines on `model` (with `adapter` through vLLM's LoRA), in the dtype transformers uses on `device`."""
+        return cls(VLLMEngines(vllm_model(model, adapter), settings, vllm_dtype(dtype, device)), eos_token_ids)
+
+    def greedy(self, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[list[int]]:
+        return self.engines.generate(prompts, max_new_tokens, self.eos_token_ids)
+
+    def accepted_lengths(self, prompts: list[list[int]], drafts: list[list[int]], rule: AcceptanceRule) -> list[int]:
+        rows = [i for i, draft in enumerate(drafts) if draft]  # an empty draft needs no verify pass
+        scores = self.engines.token_scores([prompts[i] + drafts[i] for i in rows], [len(prompts[i]) for i in rows])
+        lengths = [0] * len(drafts)
+        for row, row_scores in zip(rows, scores):
+            lengths[row] = rule.accepted_length_from_scores(row_scores)
+        return lengths
+
+    def close(self) -> None:
+        self.engines.close()

