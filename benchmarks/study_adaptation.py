@@ -57,7 +57,8 @@ class StudyConfig:
     curve_points: int = field(default=3, metadata={"help": "Checkpoints on the learning curve (the last is the final adapter)."})
     effective_batch_size: int = field(default=8, metadata={"help": "Rows per optimizer step."})
     per_device_train_batch_size: int = field(default=2, metadata={"help": "Rows per micro-step."})
-    max_length: int = field(default=1024, metadata={"help": "Tokens per row (the data recipe's caps.max_tokens)."})
+    max_length: int = field(default=512, metadata={"help": "Tokens per row: the data build's caps.max_tokens (requests "
+                                                         "whose prompt and answer cap exceed it are not built) and training's max_length."})
     benchmarks: list[str] = field(default_factory=lambda: ["humaneval", "mbpp"], metadata={"help": "Evaluated benchmarks."})
     data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark, e.g. {mbpp: path}."})
     limit: int = field(default=40, metadata={"help": "Requests per benchmark (the first N test problems)."})
@@ -110,7 +111,8 @@ def run_stage(config: StudyConfig, argv: list[str]) -> None:
 def build_data(config: StudyConfig, data_dir: Path) -> None:
     if not (data_dir / "dataset_dict.json").is_file():
         with timed(data_dir.parent, "data"):
-            run_stage(config, ["-m", "data_builders", f"recipe={config.data_recipe}", f"output_dir={data_dir}"])
+            run_stage(config, ["-m", "data_builders", f"recipe={config.data_recipe}", f"output_dir={data_dir}",
+                               f"caps.max_tokens={config.max_length}"])
 
 
 def train(config: StudyConfig, objective: str, run_dir: Path, data_dir: Path, learning_rate: float, steps: int,

@@ -302,7 +302,8 @@ def run_evaluation(
     typing = typing_report(config, [r for r in records if r["request_id"] in wanted], output_dir, summary)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     table = markdown_table({config.benchmark: summary})
-    (output_dir / "report.md").write_text(f"# Streaming evaluation ({decode_label(config.decode)})\n\n{table}\n{typing}")
+    (output_dir / "report.md").write_text(f"# Streaming evaluation ({decode_label(config.decode)})\n\n"
+                                          f"{timing_note(config)}\n\n{table}\n{typing}")
     print(f"\n{table}\n\nresults: {results_path}")
     return summary
 
@@ -311,6 +312,14 @@ def summary_labels(config: EvalConfig) -> dict[str, Any]:
     """What a summary was measured on: benchmark, model, adapter, acceptance rule and regeneration."""
     return {"benchmark": config.benchmark, "model": config.model, "adapter": config.adapter,
             "acceptance": config.decode.acceptance, "regenerate": config.decode.regenerate}
+
+
+def timing_note(config: EvalConfig) -> str:
+    """Where the work ran, and which of it was timed (the report says so: vLLM drafts but never times)."""
+    if not config.decode.fast:
+        return "Every update decoded on transformers at batch 1, each one timed."
+    return (f"Drafting (counted, not timed) on {config.backend}; the baselines and the timed residual phase "
+            "on transformers at batch 1.")
 
 
 def decode_label(decode: DecodeSpec) -> str:

@@ -44,6 +44,8 @@ def test_run_writes_records_and_resumes_without_recomputing(tiny_qwen3_dir, tmp_
     assert lines_after[:3] == lines and len(lines_after) == 4
     assert summary["requests"] == 4
     assert json.loads((tmp_path / "summary.json").read_text())["requests"] == 4
+    assert ("Drafting (counted, not timed) on transformers; the baselines and the timed residual phase on "
+            "transformers at batch 1.") in (tmp_path / "report.md").read_text()
 
 
 def test_resume_refuses_results_of_other_settings(tiny_qwen3_dir, tmp_path):

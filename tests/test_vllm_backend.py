@@ -59,6 +59,13 @@ def test_vllm_backend_needs_the_fast_path():
         EvalConfig(backend="sglang")
 
 
+def test_the_report_says_what_ran_on_vllm_and_what_was_timed():
+    from eval.runner import timing_note
+
+    assert timing_note(EvalConfig(backend="vllm")) == ("Drafting (counted, not timed) on vllm; the baselines and the "
+                                                      "timed residual phase on transformers at batch 1.")
+
+
 def test_round_drafts_is_the_same_on_any_drafter(tiny_qwen3_dir):
     """round_drafts only asks its drafter for tokens: a drafter that records the calls and
     forwards them to the transformers one changes nothing."""
