@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from data_builders.answer_cache import AnswerCache
+from data_builders.config import GenerationConfig
 from data_builders.generation import GenerationSettings, greedy_answers_finished
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
@@ -78,14 +79,16 @@ def main() -> None:
     parser.add_argument("--eval", type=int, default=20, help="HumanEval requests whose drafting is run")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--acceptance", nargs="+", default=["greedy", "threshold:0.9"])
-    parser.add_argument("--hf-batch", type=int, default=8, help="transformers batch (the data builders' default)")
-    parser.add_argument("--hf-eval-batch", type=int, default=32, help="transformers drafting batch (the evaluator's default)")
+    parser.add_argument("--hf-batch", type=int, default=GenerationConfig().batch_size,
+                        help="transformers batch (the data builders' default)")
+    parser.add_argument("--hf-eval-batch", type=int, default=EvalConfig().fast_batch_size,
+                        help="transformers drafting batch (the evaluator's default)")
     parser.add_argument("--vllm-batch", type=int, default=256, help="prompts per vLLM call (and fast_batch_size)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the transformers side")
     parser.add_argument("--vllm-cpu-bind", default="0", help="CPU: cores of vLLM's threads (VLLM_CPU_OMP_THREADS_BIND; '0': one, as --threads 1)")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    missing = vllm_unavailable()
+    missing = vllm_unavailable(device=args.device)
     if missing:
         raise SystemExit(f"bench_vllm: {missing}")
     torch.set_num_threads(args.threads)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from eval.before_after import BeforeAfterConfig, report_tables, run_before_after, side_config
 from eval.engines.decode import DecodeSpec
@@ -109,10 +110,16 @@ def run_stage(config: StudyConfig, argv: list[str]) -> None:
 
 
 def build_data(config: StudyConfig, data_dir: Path) -> None:
-    if not (data_dir / "dataset_dict.json").is_file():
-        with timed(data_dir.parent, "data"):
-            run_stage(config, ["-m", "data_builders", f"recipe={config.data_recipe}", f"output_dir={data_dir}",
-                               f"caps.max_tokens={config.max_length}"])
+    """The training rows, capped at max_length tokens; data built under another cap is refused."""
+    if (data_dir / "dataset_dict.json").is_file():
+        built = OmegaConf.load(data_dir / "config.yaml").caps.max_tokens
+        if built != config.max_length:
+            raise ValueError(f"{data_dir} was built with caps.max_tokens={built}, not max_length={config.max_length}: "
+                             "use another output_dir, or remove that directory to rebuild")
+        return
+    with timed(data_dir.parent, "data"):
+        run_stage(config, ["-m", "data_builders", f"recipe={config.data_recipe}", f"output_dir={data_dir}",
+                           f"caps.max_tokens={config.max_length}"])
 
 
 def train(config: StudyConfig, objective: str, run_dir: Path, data_dir: Path, learning_rate: float, steps: int,

@@ -33,6 +33,8 @@ from data_builders.select import choose, column, eligible_rows
 from data_builders.sources import SOURCES
 from headstart.benchmark_registry import MBPP_SPLIT_IDS
 from headstart.config import RecipeError
+from headstart.models import default_device
+from headstart.vllm_client import vllm_unavailable
 
 
 def validate(config: BuildConfig) -> None:
@@ -57,6 +59,11 @@ def validate(config: BuildConfig) -> None:
         raise RecipeError(f"filters.mbpp_splits={splits}; choose from train, validation, prompt (test is evaluated)")
     if not 0 <= config.validation_fraction < 1:
         raise RecipeError("validation_fraction must be in [0, 1)")
+    generation = config.generation
+    if generation.backend == "vllm" and _needs_model(config):
+        reason = vllm_unavailable(generation.vllm, generation.device or default_device())
+        if reason:
+            raise RecipeError(f"generation.backend=vllm: {reason}")
     if config.num_proc < 1 or config.generation.batch_size < 1:
         raise RecipeError("num_proc and generation.batch_size must be at least 1")
 
@@ -87,16 +94,16 @@ def build(config: BuildConfig, command: str = "python -m data_builders") -> Path
     created = not work.exists()
     open_work_dir(work)
     with report.timed(work, "build"):
-        splits = _build_splits(config, work, created, report)
+        splits = _build_splits(config, output, work, created, report)
     save(DatasetDict(splits), config, report, output, command)
+    report.forget_seconds(work)  # a finished build: the next build of this name starts its own clock
     if not config.keep_work_dir:
         remove_work_dir(work)
     return output
 
 
-def _build_splits(config: BuildConfig, work: Path, created: bool, report: Report) -> dict[str, Dataset]:
+def _build_splits(config: BuildConfig, output: Path, work: Path, created: bool, report: Report) -> dict[str, Dataset]:
     """Every pass up to the finished splits (the output is not written yet)."""
-    output, _ = output_paths(config)
     try:
         requests = collect(config, work, report)
     except BaseException:

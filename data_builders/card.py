@@ -109,7 +109,7 @@ def _tokens(report: Report) -> list[str]:
 def _seconds(report: Report) -> list[str]:
     if not report.seconds:
         return []
-    names = {"answers": "answers and drafts (model generation, cached)", "build": "whole build"}
+    names = {"answers": "answers and drafts (model generation, cached)", "build": "whole build (until the output is written)"}
     out = ["## Build time", "", "Wall clock on the building machine, summed over the runs of a resumed build.", "",
            "| pass | seconds |", "|---|---:|"]
     return out + [f"| {names.get(k, k)} | {v:.1f} |" for k, v in report.seconds.items()] + [""]

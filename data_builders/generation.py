@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from data_builders.answer_cache import AnswerCache, answer_key
-from headstart.models import end_token_ids
+from headstart.models import default_device, end_token_ids
 from headstart.prompts import build_messages, render_prompt
 from headstart.vllm_client import VLLMEngines, VLLMSettings, vllm_dtype, vllm_model, vllm_unavailable
 
@@ -91,7 +91,8 @@ def _tokenizer(model: str):
 def _backend(settings: GenerationSettings, engines: ExitStack) -> Generate:
     backend = settings.backend
     if backend == "auto":
-        backend = "vllm" if vllm_unavailable(settings.vllm) is None and torch.cuda.is_available() else "transformers"
+        on_gpu = torch.cuda.is_available()  # auto: vLLM where it pays, a GPU with a GPU build of vLLM
+        backend = "vllm" if on_gpu and vllm_unavailable(settings.vllm, "cuda") is None else "transformers"
     if backend == "vllm":
         return _vllm_backend(settings, engines)
     if backend == "transformers":
@@ -115,6 +116,7 @@ def _transformers_backend(settings: GenerationSettings) -> Generate:
             max_new_tokens=settings.max_new_tokens,
             do_sample=False,
             pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=sorted(eos),  # stop where the vLLM path stops: any end token of the tokenizer or config
         )
         new_tokens = output[:, batch["input_ids"].shape[1] :]
         # A row ended when it holds an end token; all rows end early when the batch is shorter than the cap.
@@ -138,8 +140,8 @@ def _vllm_backend(settings: GenerationSettings, engines: ExitStack) -> Generate:
     except OSError:  # a model without generation_config.json: the tokenizer's EOS alone
         configured = None
     eos = end_token_ids(tokenizer, configured)
-    device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    vllm = engines.enter_context(VLLMEngines(model, settings.vllm, vllm_dtype(None, device)))
+    device = settings.device or default_device()
+    vllm = engines.enter_context(VLLMEngines(model, settings.vllm, vllm_dtype(None, device), device))
 
     def generate(prompts: list[str]) -> list[tuple[str, bool]]:
         # Token ids, as the transformers path feeds them: the template already holds BOS.

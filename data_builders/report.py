@@ -54,7 +54,7 @@ class Report:
     decontamination: dict = field(default_factory=dict)
     tokens: dict = field(default_factory=dict)
     splits: dict[str, dict[str, int]] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)  # wall clock per pass, summed over resumed runs
+    seconds: dict[str, float] = field(default_factory=dict)  # wall clock per pass, summed over the runs of one build
 
     def drop(self, reason: str, count: int) -> None:
         if count:
@@ -71,9 +71,9 @@ class Report:
 
     @contextmanager
     def timed(self, work: Path, name: str) -> Iterator[None]:
-        """Add the wall-clock seconds of the block to pass `name`, kept in the work directory so
-        that a killed and resumed build reports the time of all its runs (a kill by signal
-        that Python cannot see loses only the run it ends)."""
+        """Add the wall-clock seconds of the block to pass `name`, kept in the work directory until
+        the build finishes, so that a killed and resumed build reports the time of all its runs
+        (a kill Python cannot see, SIGKILL, loses the time of the run it ends)."""
         start = time.perf_counter()
         try:
             yield
@@ -83,9 +83,13 @@ class Report:
 
     def _add_seconds(self, path: Path, name: str, elapsed: float) -> None:
         seconds = json.loads(path.read_text()) if path.is_file() else {}
-        seconds[name] = round(seconds.get(name, 0.0) + elapsed, 1)
+        seconds[name] = seconds.get(name, 0.0) + elapsed
         path.write_text(json.dumps(seconds, indent=1) + "\n")
         self.seconds[name] = seconds[name]
+
+    @staticmethod
+    def forget_seconds(work: Path) -> None:
+        (work / "seconds.json").unlink(missing_ok=True)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

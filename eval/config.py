@@ -25,7 +25,7 @@ class EvalConfig:
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decoder, acceptance rule, answer length, regeneration mode (eval.engines.decode)."})
     system_prompt: str = field(default="model", metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, none, or literal text"})
     fast_batch_size: int = field(default=32, metadata={"help": "Fast path batch: prefixes decoded together (greedy), or requests per round (other rules); with backend=vllm, what one vLLM call gets (raise it: vLLM schedules its own batches)."})
-    backend: str = field(default="transformers", metadata={"help": "Fast path drafting on 'transformers' or 'vllm' (drafts, verify passes and regeneration; same tokens, same forward counts); baselines and the timed residual phase stay on transformers at batch 1."})
+    backend: str = field(default="transformers", metadata={"help": "Fast path drafting on 'transformers' or 'vllm' (drafts, verify passes and regeneration; the same tokens up to floating-point near-ties, so the same forward counts); baselines and the timed residual phase stay on transformers at batch 1."})
     vllm: VLLMSettings = field(default_factory=VLLMSettings, metadata={"help": "backend=vllm: the engines' settings (headstart.vllm_client.VLLMSettings)."})
     record_tokens: bool = field(default=False, metadata={"help": "Also store each request's drafts D_1..D_{n-1} and both answers as token ids (offline replays, e.g. benchmarks/bench_lookup_policy.py)."})
     sandbox_cpu_seconds: int | None = field(default=None, metadata={"help": "CPU-time limit of each executed program; default the benchmark's own."})

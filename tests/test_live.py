@@ -66,7 +66,7 @@ def test_updates_the_model_cannot_keep_up_with_are_dropped_never_the_enter(tiny_
         for sentence in sentences:  # all at once: faster than any update
             socket.send_json({"type": "segment", "text": sentence})
         socket.send_json({"type": "enter", "text": text})
-        time.sleep(0.2)  # lets the server read them while its first update waits
+        time.sleep(1.0)  # the server reads them while its first update waits (microseconds of work)
         live.gate.set()
         replies = replies_until_answer(socket)
     assert sum(1 + reply["dropped"] for reply in replies) == len(sentences) + 1  # every message answered or dropped
@@ -96,7 +96,7 @@ def test_keystrokes_draft_once_per_complete_segment(tiny_qwen3_ending_dir):
     assert answer["type"] == "answer" and answer["answer"] == answer["baseline_answer"]
 
 
-def test_a_model_failure_reaches_the_page_and_the_socket_stays_open(tiny_qwen3_ending_dir):
+def test_a_model_failure_or_a_bad_message_reaches_the_page_and_the_socket_stays_open(tiny_qwen3_ending_dir):
     from starlette.testclient import TestClient
 
     live = live_model(tiny_qwen3_ending_dir, FailingLiveModel)
@@ -104,6 +104,10 @@ def test_a_model_failure_reaches_the_page_and_the_socket_stays_open(tiny_qwen3_e
         socket.send_json({"type": "segment", "text": "Add two numbers."})
         assert socket.receive_json() == {"type": "error", "message": "RuntimeError: out of memory (the test's own failure)",
                                           "dropped": 0}
+        socket.send_text("not json")
+        assert socket.receive_json()["message"].startswith("unreadable message: JSONDecodeError")
+        socket.send_json({"type": "enter"})
+        assert socket.receive_json()["message"] == "unreadable message: ValueError: a 'enter' message needs the text as a string"
         socket.send_json({"type": "enter", "text": "Add two numbers."})
         assert socket.receive_json()["type"] == "answer"
 

@@ -66,6 +66,25 @@ def test_the_report_says_what_ran_on_vllm_and_what_was_timed():
                                                       "timed residual phase on transformers at batch 1.")
 
 
+def test_a_missing_vllm_environment_is_refused_before_any_model_loads(tmp_path):
+    from eval.runner import prepare_evaluation
+    from headstart.vllm_client import VLLMSettings
+
+    absent = VLLMSettings(python=str(tmp_path / "no-venv" / "bin" / "python"))
+    with pytest.raises(ValueError, match="backend=vllm: no vLLM environment at .*no-venv.*scripts/setup_vllm.sh"):
+        prepare_evaluation(EvalConfig(model="/nonexistent/model", backend="vllm", vllm=absent, limit=1))
+    with pytest.raises(ValueError, match="generation.backend=vllm: no vLLM environment"):
+        build(load_config(BuildConfig, ["recipe=embedded_prefix", "generation.backend=vllm", f"output_dir={tmp_path / 'o'}",
+                                        f"generation.vllm.python={absent.python}"]))
+    assert not (tmp_path / "o").exists()
+
+
+@needs_vllm
+def test_the_cpu_build_of_vllm_is_refused_for_a_gpu_run():
+    assert vllm_unavailable(device="cpu") is None
+    assert "is a cpu build and this run is on cuda" in vllm_unavailable(device="cuda:0")
+
+
 def test_round_drafts_is_the_same_on_any_drafter(tiny_qwen3_dir):
     """round_drafts only asks its drafter for tokens: a drafter that records the calls and
     forwards them to the transformers one changes nothing."""
@@ -87,7 +106,7 @@ def test_round_drafts_is_the_same_on_any_drafter(tiny_qwen3_dir):
             calls.append(("verify", len(prompts)))
             return super().accepted_lengths(prompts, drafts, rule)
 
-    recording = Recording(loaded.model, loaded.tokenizer.pad_token_id, evaluator.engine.eos_token_ids)
+    recording = Recording(loaded.model, loaded.tokenizer.pad_token_id, evaluator.engine.eos_token_ids, config.fast_batch_size)
     assert round_drafts(recording, prompts, config.decode, evaluator.engine.eos_token_ids) == direct
     assert calls[0] == ("verify", 3)  # one round: every request's verify pass in one call
 

@@ -108,7 +108,7 @@ class TransformersDrafter:
     model: PreTrainedModel
     pad_token_id: int
     eos_token_ids: set[int]
-    batch_size: int = 16
+    batch_size: int  # EvalConfig.fast_batch_size
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[list[int]]:
         return batched_greedy(self.model, prompts, self.pad_token_id, self.eos_token_ids, max_new_tokens, self.batch_size)

@@ -24,7 +24,7 @@ class VLLMDrafter:
     def start(cls, model: str, adapter: str | None, settings: VLLMSettings, dtype: str | None, device: str,
               eos_token_ids: set[int]) -> "VLLMDrafter":
         """Engines on `model` (with `adapter` through vLLM's LoRA), in the dtype transformers uses on `device`."""
-        return cls(VLLMEngines(vllm_model(model, adapter), settings, vllm_dtype(dtype, device)), eos_token_ids)
+        return cls(VLLMEngines(vllm_model(model, adapter), settings, vllm_dtype(dtype, device), device), eos_token_ids)
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[list[int]]:
         return self.engines.generate(prompts, max_new_tokens, self.eos_token_ids)
