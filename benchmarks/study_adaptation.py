@@ -32,7 +32,10 @@ import torch
 from omegaconf import OmegaConf
 
 from eval.before_after import BeforeAfterConfig, report_tables, run_before_after, side_config
+from eval.benchmarks import get_benchmark
+from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
+from eval.reporting.metrics import summarize
 from eval.reporting.plots import learning_curve, residual_forwards_boxes
 from eval.reporting.tables import markdown_rows
 from eval.reporting.wandb_report import wandb_mode
@@ -64,6 +67,7 @@ class StudyConfig:
     data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark, e.g. {mbpp: path}."})
     limit: int = field(default=40, metadata={"help": "Requests per benchmark (the first N test problems)."})
     curve_benchmark: str = field(default="humaneval", metadata={"help": "Benchmark of the learning curve."})
+    curve_limit: int | None = field(default=None, metadata={"help": "Requests per curve point: the first N of the report's (every point, base and final included, on the same N); null: limit."})
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decode settings of every evaluation."})
     threads: int = field(default=2, metadata={"help": "Torch threads for training and evaluation."})
     output_dir: str = field(default="outputs/study/smollm2", metadata={"help": "Everything the study writes."})
@@ -74,6 +78,8 @@ class StudyConfig:
             raise ValueError(f"curve_benchmark={self.curve_benchmark!r} is not in benchmarks {self.benchmarks}")
         if not 1 <= self.curve_points <= self.max_steps or self.sweep_steps < 1:
             raise ValueError("need 1 <= curve_points <= max_steps and sweep_steps >= 1")
+        if self.curve_limit is not None and not 1 <= self.curve_limit <= self.limit:
+            raise ValueError(f"curve_limit={self.curve_limit} must be between 1 and limit={self.limit}")
         if self.max_steps % self.curve_points:
             raise ValueError(f"max_steps={self.max_steps} must be a multiple of curve_points={self.curve_points}")
         if not self.learning_rates or "before" in self.objectives:
@@ -165,25 +171,38 @@ def sweep(config: StudyConfig, output: Path, data_dir: Path) -> dict[str, dict[s
     return losses
 
 
-def curve(config: StudyConfig, report: BeforeAfterConfig, runs: dict[str, Path], summaries: dict) -> dict[str, list[dict]]:
-    """Curve points per objective: the base (step 0), each intermediate checkpoint, the final adapter;
-    every checkpoint is evaluated with the report's own settings (side_config)."""
-    output = Path(config.output_dir)
-    base = summaries[config.curve_benchmark]["before"]
+def curve_evaluation(config: StudyConfig, report: BeforeAfterConfig, run_dir: Path, step: int) -> EvalConfig:
+    """The evaluation of one intermediate checkpoint: the report's own settings (side_config) on
+    the first curve_limit requests."""
+    objective = run_dir.name
+    return replace(side_config(report, "before", config.curve_benchmark), model=str(run_dir / f"checkpoint-{step}"),
+                   limit=config.curve_limit or config.limit,
+                   output_dir=str(Path(config.output_dir) / "curve" / objective / f"step-{step}"))
+
+
+def curve(config: StudyConfig, report: BeforeAfterConfig, runs: dict[str, Path]) -> dict[str, list[dict]]:
+    """Curve points per objective: the base (step 0), each intermediate checkpoint, the final
+    adapter, every one summarised over the same first curve_limit requests."""
+    benchmark = config.curve_benchmark
+    requests = get_benchmark(benchmark, config.data_paths.get(benchmark)).load(config.curve_limit or config.limit)
+    wanted = {request.request_id for request in requests}
+
+    def point(step: int, results_dir: str) -> dict:
+        summary = summarize([r for r in load_records(Path(results_dir) / "results.jsonl") if r["request_id"] in wanted])
+        return {"step": step, **{k: summary[k] for k in CURVE_KEYS}}
+
     side_of_model = {model: side for side, model in report.sides.items()}
-    points: dict[str, list[dict]] = {}
     every = config.max_steps // config.curve_points
+    points: dict[str, list[dict]] = {}
     for objective, run_dir in runs.items():
-        points[objective] = [{"step": 0, **{k: base[k] for k in CURVE_KEYS}}]
+        points[objective] = [point(0, side_config(report, "before", benchmark).output_dir)]
         for step in range(every, config.max_steps, every):
-            evaluation = replace(side_config(report, "before", config.curve_benchmark),
-                                 model=str(run_dir / f"checkpoint-{step}"),
-                                 output_dir=str(output / "curve" / objective / f"step-{step}"))
-            summary = run_evaluation(evaluation)
-            points[objective].append({"step": step, **{k: summary[k] for k in CURVE_KEYS}})
-        final = summaries[config.curve_benchmark][side_of_model[str(run_dir / "adapter")]]
-        points[objective].append({"step": config.max_steps, **{k: final[k] for k in CURVE_KEYS}})
-    (output / "curve.json").write_text(json.dumps(points, indent=1) + "\n")
+            evaluation = curve_evaluation(config, report, run_dir, step)
+            run_evaluation(evaluation)
+            points[objective].append(point(step, evaluation.output_dir))
+        final = side_config(report, side_of_model[str(run_dir / "adapter")], benchmark)
+        points[objective].append(point(config.max_steps, final.output_dir))
+    (Path(config.output_dir) / "curve.json").write_text(json.dumps(points, indent=1) + "\n")
     return points
 
 
@@ -219,7 +238,7 @@ def run_study(config: StudyConfig) -> None:
 
     # --- 5. Learning curve -------------------------------------------------------------
     with timed(output, "learning curve"):
-        points = curve(config, report, runs, summaries)
+        points = curve(config, report, runs)
 
     # --- 6. Report ---------------------------------------------------------------------
     write_study_report(config, output, losses, best, summaries, points)
@@ -229,7 +248,8 @@ def write_study_report(config: StudyConfig, output: Path, losses, best, summarie
     figures = output / "figures"
     records = {b: {side: load_records(output / "report" / side / b / "results.jsonl") for side in summaries[b]}
                for b in config.benchmarks}
-    curve_png = learning_curve(points, f"{config.curve_benchmark}, first {config.limit}", figures / "learning_curve.png")
+    curve_requests = config.curve_limit or config.limit
+    curve_png = learning_curve(points, f"{config.curve_benchmark}, first {curve_requests}", figures / "learning_curve.png")
     boxes_png = residual_forwards_boxes(records, figures / "residual_forwards.png")
     first = next(iter(config.objectives))
     lines = [f"# Adaptation study: {config.model}, base vs {' vs '.join(config.objectives)}\n",
@@ -244,7 +264,7 @@ def write_study_report(config: StudyConfig, output: Path, losses, best, summarie
         lines += [f"## {title}\n", markdown_rows(header, rows), ""]
     curve_rows = [[o, str(p["step"]), f"{p['forwards_stream_median']:g}", f"{p['draft_kept_mean']:.1%}",
                    f"{p['single_forward_share']:.1%}", f"{p['quality_stream']:.1%}"] for o, ps in points.items() for p in ps]
-    lines += [f"## Learning curve ({config.curve_benchmark})\n",
+    lines += [f"## Learning curve ({config.curve_benchmark}, first {curve_requests} problems at every point)\n",
               markdown_rows(["objective", "step", "median residual fwd", "draft kept", "1-forward", "pass@1"], curve_rows),
               "", f"![learning curve](figures/{curve_png.name})", f"![residual forwards](figures/{boxes_png.name})"]
     (output / "study.md").write_text("\n".join(lines) + "\n")
