@@ -67,7 +67,7 @@ class StudyConfig:
     data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark, e.g. {mbpp: path}."})
     limit: int = field(default=40, metadata={"help": "Requests per benchmark (the first N test problems)."})
     curve_benchmark: str = field(default="humaneval", metadata={"help": "Benchmark of the learning curve."})
-    curve_limit: int | None = field(default=None, metadata={"help": "Requests per curve point: the first N of the report's (every point, base and final included, on the same N); null: limit."})
+    curve_limit: int | None = field(default=None, metadata={"help": "Requests per curve point: the first N of the report's, at most limit (every point, base and final included, on the same N); null: limit."})
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decode settings of every evaluation."})
     threads: int = field(default=2, metadata={"help": "Torch threads for training and evaluation."})
     output_dir: str = field(default="outputs/study/smollm2", metadata={"help": "Everything the study writes."})
@@ -78,12 +78,17 @@ class StudyConfig:
             raise ValueError(f"curve_benchmark={self.curve_benchmark!r} is not in benchmarks {self.benchmarks}")
         if not 1 <= self.curve_points <= self.max_steps or self.sweep_steps < 1:
             raise ValueError("need 1 <= curve_points <= max_steps and sweep_steps >= 1")
-        if self.curve_limit is not None and not 1 <= self.curve_limit <= self.limit:
-            raise ValueError(f"curve_limit={self.curve_limit} must be between 1 and limit={self.limit}")
+        if self.curve_limit is not None and self.curve_limit < 1:
+            raise ValueError(f"curve_limit={self.curve_limit} must be at least 1 (or null: limit)")
         if self.max_steps % self.curve_points:
             raise ValueError(f"max_steps={self.max_steps} must be a multiple of curve_points={self.curve_points}")
         if not self.learning_rates or "before" in self.objectives:
             raise ValueError("learning_rates must not be empty; 'before' is the base model's side, not an objective")
+
+    @property
+    def curve_requests(self) -> int:
+        """Requests per curve point: curve_limit, never more than limit."""
+        return min(self.curve_limit or self.limit, self.limit)
 
     @property
     def group(self) -> str:
@@ -176,7 +181,7 @@ def curve_evaluation(config: StudyConfig, report: BeforeAfterConfig, run_dir: Pa
     the first curve_limit requests."""
     objective = run_dir.name
     return replace(side_config(report, "before", config.curve_benchmark), model=str(run_dir / f"checkpoint-{step}"),
-                   limit=config.curve_limit or config.limit,
+                   limit=config.curve_requests,
                    output_dir=str(Path(config.output_dir) / "curve" / objective / f"step-{step}"))
 
 
@@ -184,7 +189,7 @@ def curve(config: StudyConfig, report: BeforeAfterConfig, runs: dict[str, Path])
     """Curve points per objective: the base (step 0), each intermediate checkpoint, the final
     adapter, every one summarised over the same first curve_limit requests."""
     benchmark = config.curve_benchmark
-    requests = get_benchmark(benchmark, config.data_paths.get(benchmark)).load(config.curve_limit or config.limit)
+    requests = get_benchmark(benchmark, config.data_paths.get(benchmark)).load(config.curve_requests)
     wanted = {request.request_id for request in requests}
 
     def point(step: int, results_dir: str) -> dict:
@@ -248,7 +253,7 @@ def write_study_report(config: StudyConfig, output: Path, losses, best, summarie
     figures = output / "figures"
     records = {b: {side: load_records(output / "report" / side / b / "results.jsonl") for side in summaries[b]}
                for b in config.benchmarks}
-    curve_requests = config.curve_limit or config.limit
+    curve_requests = config.curve_requests
     curve_png = learning_curve(points, f"{config.curve_benchmark}, first {curve_requests}", figures / "learning_curve.png")
     boxes_png = residual_forwards_boxes(records, figures / "residual_forwards.png")
     first = next(iter(config.objectives))
