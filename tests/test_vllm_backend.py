@@ -230,11 +230,11 @@ def test_lora_adapter_through_vllm_matches_peft(tmp_path, smollm2, requests):
     from headstart.vllm_client import VLLMSettings
 
     base = load_model("smollm2", device="cpu", dtype="float32").model
+    torch.manual_seed(0)  # seeds lora_A's initialisation too: the same adapter on every machine
     adapted = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
-    torch.manual_seed(0)
     for name, parameter in adapted.named_parameters():
         if "lora_B" in name:  # a trained-looking adapter: B is zero at initialisation
-            torch.nn.init.normal_(parameter, std=0.02)
+            torch.nn.init.normal_(parameter, std=0.2)
     adapted.save_pretrained(tmp_path / "adapter")
     config_path = tmp_path / "adapter" / "adapter_config.json"
     config_path.write_text(json.dumps(json.loads(config_path.read_text()) | {"base_model_name_or_path": "smollm2"}))
@@ -250,5 +250,6 @@ def test_lora_adapter_through_vllm_matches_peft(tmp_path, smollm2, requests):
     plain = batched_greedy(smollm2.model, prompts, smollm2.tokenizer.pad_token_id, eos, 24)
     same = [a == b for a, b in zip(on_peft, on_vllm)]
     agreement(f"LoRA drafts of {len(prompts)} prefixes, vLLM LoRA vs PEFT", same)
-    assert on_peft != plain  # the adapter changes the answers, so agreement means it was applied
+    changed = sum(a != b for a, b in zip(on_peft, plain))
+    assert changed >= len(prompts) // 2, changed  # the adapter changes the answers: agreement means it was applied
     assert sum(same) >= 0.8 * len(same)
