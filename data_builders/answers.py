@@ -16,7 +16,7 @@ from datasets import Dataset
 
 from data_builders.answer_cache import AnswerCache
 from data_builders.config import BuildConfig
-from data_builders.generation import GenerationSettings, cache_path, greedy_answers, greedy_answers_finished
+from data_builders.generation import GenerationSettings, cache_path, greedy_answers_finished
 from data_builders.paths import resolve
 from data_builders.select import Selection
 
@@ -42,20 +42,18 @@ def gather(analysed: Dataset, selection: Selection, config: BuildConfig, work: P
     )
     cache = AnswerCache(cache_path(work, config.model), [resolve(p) for p in config.generation.cache_files])
     requests, rows = subset["request"], chosen.tolist()
-    answers = None
-    if config.answers == "self":
-        generated = greedy_answers_finished(list(requests), settings, cache, desc="self-distil answers")
-        answers = {row: answer if finished else None for row, (answer, finished) in zip(rows, generated)}
-    if config.pairs != "draft_refinement":
-        return answers, None
-    wanted = [
+    full = list(requests) if config.answers == "self" else []
+    wanted = [] if config.pairs != "draft_refinement" else [
         (row, i, request[: cuts[i - 2]])
         for row, request, cuts in zip(rows, requests, subset["cuts"])
         for i in selection.prefixes(row, len(cuts))
         if i > 1
     ]
-    texts = greedy_answers([w[2] for w in wanted], settings, cache, desc="drafts for S_(i-1)")
-    return answers, {(row, i): text for (row, i, _), text in zip(wanted, texts)}
+    # One call for answers and drafts: one engine start, one length-sorted batching.
+    generated = greedy_answers_finished(full + [w[2] for w in wanted], settings, cache, desc="self-distil answers")
+    answers = {row: answer if finished else None for row, (answer, finished) in zip(rows, generated)} if full else None
+    drafts = {(row, i): text for (row, i, _), (text, _) in zip(wanted, generated[len(full):])}
+    return answers, drafts if config.pairs == "draft_refinement" else None
 
 
 def has_answer(analysed: Dataset, chosen: np.ndarray, answers: Answers | None) -> np.ndarray:

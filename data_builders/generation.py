@@ -41,15 +41,11 @@ class GenerationSettings:
     vllm: VLLMSettings = field(default_factory=VLLMSettings)
 
 
-def greedy_answers(requests: list[str], settings: GenerationSettings, cache: AnswerCache, desc: str) -> list[str]:
-    """The base model's greedy answer to each request (a plain user turn, no system message)."""
-    return [answer for answer, _ in greedy_answers_finished(requests, settings, cache, desc)]
-
-
 def greedy_answers_finished(
     requests: list[str], settings: GenerationSettings, cache: AnswerCache, desc: str
 ) -> list[tuple[str, bool]]:
-    """(greedy answer, whether it ended before max_new_tokens) for each request."""
+    """(greedy answer, whether it ended before max_new_tokens) for each request: the base
+    model's answer to a plain user turn, no system message."""
     tokenizer = _tokenizer(settings.model)
     prompts = [render_prompt(tokenizer, build_messages(r)) for r in requests]
     keys = [answer_key(settings.model, p, settings.max_new_tokens) for p in prompts]

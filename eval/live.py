@@ -29,7 +29,6 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from eval.engines.ar import AREngine
 from eval.engines.decode import DecodeSpec
-from eval.runner import eos_token_ids
 from headstart.config import run_cli
 from headstart.models import LoadedModel, load_model
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
@@ -56,7 +55,7 @@ class LiveModel:
 
     def __init__(self, loaded: LoadedModel, config: LiveConfig) -> None:
         self.loaded = loaded
-        self.engine = AREngine(loaded.model, eos_token_ids(loaded), config.decode)
+        self.engine = AREngine(loaded.model, loaded.eos_token_ids, config.decode)
         self.system = resolve_system_message(config.system_prompt, config.model)
         self.worker = ThreadPoolExecutor(max_workers=1)
 

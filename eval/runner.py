@@ -26,7 +26,7 @@ from eval.reporting.tables import markdown_table
 from eval.shards import Shard, merge_into, merged_records, parse_shard, shard_dir, write_manifest
 from eval.reporting.typing_report import typing_report
 from headstart.config import config_to_dict, dump_config
-from headstart.models import LoadedModel, default_device, end_token_ids, load_model, weights_fingerprint
+from headstart.models import LoadedModel, default_device, load_model, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 from headstart.refusion import mask_token_id
 from headstart.segment import prefixes
@@ -184,17 +184,12 @@ def build_drafter(loaded: LoadedModel, config: EvalConfig, eos: set[int]) -> Dra
 def build_engine(loaded: LoadedModel, decode: DecodeSpec) -> StreamingEngine:
     """The decoder `decode.engine` names; the diffusion decoders need the mask token
     (a clear error from `mask_token_id` when the model lacks it)."""
-    eos = eos_token_ids(loaded)
+    eos = loaded.eos_token_ids
     if decode.engine == "refusion":
         return RefusionEngine(loaded.model, mask_token_id(loaded.tokenizer), eos, decode)
     if decode.engine == "bidirectional":
         return BidirectionalEngine(loaded.model, mask_token_id(loaded.tokenizer), eos, decode)
     return AREngine(loaded.model, eos, decode)
-
-
-def eos_token_ids(loaded: LoadedModel) -> set[int]:
-    """Every id that ends an answer: the tokenizer's EOS and the generation config's."""
-    return end_token_ids(loaded.tokenizer, loaded.model.generation_config)
 
 
 def default_output_dir(config: EvalConfig) -> Path:

@@ -27,7 +27,6 @@ from eval.engines.bidirectional import bidirectional_logits
 from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import batched_greedy
 from eval.reporting.tables import markdown_rows
-from eval.runner import eos_token_ids
 from headstart.config import config_to_dict, run_cli
 from eval.config import check_limit
 from headstart.models import LoadedModel, load_model, weights_fingerprint
@@ -113,7 +112,7 @@ def check(config: VerifierCheckConfig, loaded: LoadedModel | None = None) -> dic
 def draft_answers(config: VerifierCheckConfig, loaded: LoadedModel, requests, prompts: list[list[int]]) -> list[list[int]]:
     """One non-empty draft per request: the greedy answer or the canonical solution."""
     if config.drafts == "greedy":
-        eos = eos_token_ids(loaded)
+        eos = loaded.eos_token_ids
         answers = batched_greedy(loaded.model, prompts, loaded.tokenizer.pad_token_id, eos, config.decode.max_new_tokens)
     else:
         problems = read_problems(config.data_path) if config.data_path else read_problems()

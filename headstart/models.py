@@ -41,6 +41,11 @@ class LoadedModel:
     family: Family
     source: str
 
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """Every id that ends an answer: the tokenizer's EOS and the generation config's."""
+        return end_token_ids(self.tokenizer, self.model.generation_config)
+
 
 def cache_dir() -> Path:
     """Where converted models are kept (`HEADSTART_CACHE`, else ~/.cache/headstart)."""

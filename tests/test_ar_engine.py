@@ -10,7 +10,7 @@ from eval.engines.base import common_prefix_length
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.runner import StreamingEvaluator, eos_token_ids
+from eval.runner import StreamingEvaluator
 from headstart.models import load_model
 
 MAX_NEW_TOKENS = 24
@@ -156,4 +156,4 @@ def test_smollm2_cuts_a_foreign_draft_and_keeps_its_own():
             assert result.accepted == len(draft)
         else:
             assert result.accepted <= 3, evaluator.loaded.tokenizer.decode(draft[: result.accepted])
-    assert eos_token_ids(evaluator.loaded)
+    assert evaluator.loaded.eos_token_ids

@@ -14,7 +14,7 @@ from datasets import load_from_disk
 from data_builders.answer_cache import AnswerCache
 from data_builders.build import build
 from data_builders.config import BuildConfig
-from data_builders.generation import GenerationSettings, cache_path, greedy_answers
+from data_builders.generation import GenerationSettings, cache_path, greedy_answers_finished
 from data_builders.report import Report
 from headstart.config import load_config
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
@@ -54,7 +54,7 @@ def test_shipped_answers_are_smollm2_greedy_answers(tmp_path):
     shipped = [json.loads(line) for line in (EMBEDDED / "smollm2_answers.jsonl").open()]
     fresh = AnswerCache(tmp_path / "cache.jsonl")
     fresh.add(shipped[settings.batch_size :])  # all but the first batch, as the shipped file was written in order
-    answers = greedy_answers(requests, settings, fresh, desc="regenerate one batch")
+    answers = [answer for answer, _ in greedy_answers_finished(requests, settings, fresh, desc="regenerate one batch")]
     assert len(fresh.answers) == len(shipped)
     expected = {e["key"]: e["answer"] for e in shipped}
     assert all(fresh.get(e["key"]) == expected[e["key"]] for e in shipped[: settings.batch_size])
