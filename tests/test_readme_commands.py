@@ -82,7 +82,7 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
         Checked("tests/test_vllm_backend.py::test_self_distilled_data_built_on_vllm_matches_and_trains"),
     "python -m data_builders recipe=lmsys_prefix generation.backend=vllm generation.batch_size=1024 "
     "generation.vllm.tensor_parallel_size=2 generation.vllm.data_parallel_size=4": Checked(),
-    "python benchmarks/bench_vllm.py --distill 200 --eval 20": HelpHas(),
+    "python benchmarks/bench_vllm.py": HelpHas(),
     "python -m data_builders recipe=lmsys_prefix_llama31": Checked(),
     "python -m data_builders recipe=lmsys_prefix_gemma3": Checked(),
     "python -m data_builders recipe=code_prefix_to_answer": Checked(),
