@@ -42,18 +42,19 @@ def gather(analysed: Dataset, selection: Selection, config: BuildConfig, work: P
     )
     cache = AnswerCache(cache_path(work, config.model), [resolve(p) for p in config.generation.cache_files])
     requests, rows = subset["request"], chosen.tolist()
+    refine = config.pairs == "draft_refinement"
     full = list(requests) if config.answers == "self" else []
-    wanted = [] if config.pairs != "draft_refinement" else [
+    wanted = [
         (row, i, request[: cuts[i - 2]])
         for row, request, cuts in zip(rows, requests, subset["cuts"])
         for i in selection.prefixes(row, len(cuts))
         if i > 1
-    ]
+    ] if refine else []
     # One call for answers and drafts: one engine start, one length-sorted batching.
-    generated = greedy_answers_finished(full + [w[2] for w in wanted], settings, cache, desc="self-distil answers")
+    generated = greedy_answers_finished(full + [w[2] for w in wanted], settings, cache, desc="self-distil answers and drafts")
     answers = {row: answer if finished else None for row, (answer, finished) in zip(rows, generated)} if full else None
-    drafts = {(row, i): text for (row, i, _), (text, _) in zip(wanted, generated[len(full):])}
-    return answers, drafts if config.pairs == "draft_refinement" else None
+    drafts = {(row, i): text for (row, i, _), (text, _) in zip(wanted, generated[len(full):])} if refine else None
+    return answers, drafts
 
 
 def has_answer(analysed: Dataset, chosen: np.ndarray, answers: Answers | None) -> np.ndarray:
