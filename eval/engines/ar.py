@@ -14,7 +14,6 @@ the plain baseline, the lookup baseline and the stream share this code.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -22,7 +21,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from eval.engines.decode import DecodeSpec
-from eval.engines.base import StreamingEngine, UpdateResult, common_prefix_length, crop_cache, through_first_eos
+from eval.engines.base import (StreamingEngine, UpdateResult, common_prefix_length, crop_cache, new_cache,
+                               through_first_eos)
 from eval.engines.lookup import LookupPolicy, Proposer, update_proposer
 
 
@@ -54,7 +54,7 @@ class AREngine(StreamingEngine):
     def new_state(self, lookup: bool = True) -> DecodeState:
         """A fresh request; `lookup=False` regenerates plainly whatever the decode settings say."""
         policy = self.spec.lookup if lookup else None
-        return DecodeState(cache=DynamicCache(config=self.model.config), lookup=policy)
+        return DecodeState(cache=new_cache(self.model), lookup=policy)
 
     def baseline(self, prompt_ids: list[int]) -> UpdateResult:
         """Plain greedy decoding of S_n from scratch: what a user gets without streaming."""
@@ -92,7 +92,7 @@ class AREngine(StreamingEngine):
     def update(self, state: DecodeState, prompt_ids: list[int], phases: tuple[str, str]) -> UpdateResult:
         """Verify the held draft against `prompt_ids`, accept, regenerate: the new draft."""
         verify_phase, regenerate_phase = phases
-        start, calls_before = time.perf_counter(), sum(self.forwards.values())
+        clock, calls_before = self.stopwatch(), sum(self.forwards.values())
         draft = state.draft
         sequence = prompt_ids + draft
         # Keep at least the last prompt token to feed: its logits judge draft token 0.
@@ -109,7 +109,7 @@ class AREngine(StreamingEngine):
         if draft:
             state.earlier_drafts.insert(0, draft)
         state.draft = answer
-        return self._result(answer, draft, accepted, calls_before, start)
+        return self._result(answer, draft, accepted, calls_before, clock)
 
     def _regenerate(
         self, state: DecodeState, prompt_length: int, answer: list[int], phase: str, proposer: Proposer | None

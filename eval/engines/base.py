@@ -7,12 +7,14 @@ An engine (autoregressive, ReFusion, bidirectional) provides `new_state()` and
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer
+
+from eval.engines.clock import Stopwatch
 
 if TYPE_CHECKING:
     from eval.engines.decode import DecodeSpec
@@ -67,6 +69,21 @@ def answer_finished(answer: list[int], eos_token_ids: set[int], max_new_tokens: 
     return bool(answer) and (answer[-1] in eos_token_ids or len(answer) >= max_new_tokens)
 
 
+def new_cache(model: PreTrainedModel) -> DynamicCache:
+    """The KV cache of every engine: the layers `model`'s config asks for, except that a
+    sliding-window (or chunked) layer keeps every past state, so `crop_cache` can cut it
+    back to any length. transformers' sliding layers drop states older than the window,
+    and cannot be cropped once it is full (Gemma-3). The model's attention mask still
+    limits a sliding layer to its window: sized against a full-length layer, it is the
+    mask of a forward with no cache (tests/test_sliding_window.py checks it)."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [
+        DynamicLayer() if isinstance(layer, DynamicLayer) and getattr(layer, "is_sliding", False) else layer
+        for layer in cache.layers
+    ]
+    return cache
+
+
 def crop_cache(cache: DynamicCache, held: list, length: int) -> None:
     """Cut a KV cache and the list of what it holds (token ids, or token-position
     pairs) back to their first `length` entries."""
@@ -89,6 +106,10 @@ class StreamingEngine:
         self.max_new_tokens = decode.max_new_tokens
         self.rule = decode.rule
         self.forwards: Counter[str] = Counter()  # model calls by phase
+
+    def stopwatch(self) -> Stopwatch:
+        """Start timing a phase on the model's device (`decode.timing` on CUDA)."""
+        return Stopwatch(self.model.device, self.spec.timing)
 
     def finished(self, answer: list[int]) -> bool:
         return answer_finished(answer, self.eos_token_ids, self.max_new_tokens)
@@ -113,12 +134,12 @@ class StreamingEngine:
             steps.append(self.update(state, prompt_ids, phases))
         return StreamResult(steps)
 
-    def _result(self, answer: list[int], draft: list[int], accepted: int, calls_before: int, start: float) -> UpdateResult:
-        """The update that began at `start` (perf_counter) with `calls_before` counted forwards."""
+    def _result(self, answer: list[int], draft: list[int], accepted: int, calls_before: int, clock: Stopwatch) -> UpdateResult:
+        """The update timed by `clock` (from `stopwatch()`) that began with `calls_before` counted forwards."""
         return UpdateResult(
             answer=answer,
             draft_length=len(draft),
             accepted=accepted,
             forwards=sum(self.forwards.values()) - calls_before,
-            seconds=time.perf_counter() - start,
+            seconds=clock.seconds(),
         )

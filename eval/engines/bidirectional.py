@@ -11,7 +11,6 @@ that failure next to the causal verifier (`python -m eval.verifier_check`).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -70,7 +69,7 @@ class BidirectionalEngine(StreamingEngine):
         """Verify the draft in one full-attention forward (token j judged AT position
         j, seeing itself), keep the accepted leading run, remask the rest, denoise."""
         verify_phase, regenerate_phase = phases
-        start, calls_before = time.perf_counter(), sum(self.forwards.values())
+        clock, calls_before = self.stopwatch(), sum(self.forwards.values())
         draft, accepted = state.draft, 0
         if draft:
             logits = self.forward(state, prompt_ids + draft, verify_phase, logits_to_keep=len(draft))
@@ -79,7 +78,7 @@ class BidirectionalEngine(StreamingEngine):
         if not self.finished(answer):
             answer = self.denoise(prompt_ids, answer, regenerate_phase)
         state.draft = answer
-        return self._result(answer, draft, accepted, calls_before, start)
+        return self._result(answer, draft, accepted, calls_before, clock)
 
     def denoise(self, prompt_ids: list[int], prefix: list[int], phase: str) -> list[int]:
         """Fill the buffer after `prefix`: each step predicts every masked position

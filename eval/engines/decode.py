@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eval.engines.acceptance import AcceptanceRule
+from eval.engines.clock import TIMING_MODES
 from eval.engines.lookup import OCCURRENCES, LookupPolicy
 
 AR_ENGINES = ("auto", "fast", "stepwise")  # the same numbers; auto = fast
@@ -27,7 +28,8 @@ DIFFUSION_KEYS = {
 
 @dataclass
 class DecodeSpec:
-    """Decoder, acceptance rule, answer length and regeneration mode of an evaluation."""
+    """Decoder, acceptance rule, answer length and regeneration mode of an evaluation,
+    and the clock of its timed phases."""
 
     engine: str = field(default="auto", metadata={"help": "AR: 'stepwise', or 'fast'/'auto' (drafting batched across requests; same numbers); 'refusion' (slot plan-and-infill) or 'bidirectional' (full-attention control)."})
     acceptance: str = field(default="greedy", metadata={"help": "Acceptance rule: 'greedy' (lossless) or 'threshold:TAU'."})
@@ -45,6 +47,7 @@ class DecodeSpec:
     token_threshold: float = field(default=0.9, metadata={"help": "refusion: a drafted slot token is kept when its causal probability exceeds this."})
     draft_in_context: bool = field(default=False, metadata={"help": "refusion: the held draft also precedes the answer as context (models trained on draft-refinement rows)."})
     diffusion_steps: int = field(default=64, metadata={"help": "bidirectional: denoising steps (forwards) for a full answer buffer; a residue takes its share."})
+    timing: str = field(default="sync", metadata={"help": "Wall clock of a timed phase on CUDA (eval.engines.clock): 'sync' (synchronize, then the host clock) or 'events' (CUDA events on the stream); the host clock off CUDA."})
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -63,6 +66,8 @@ class DecodeSpec:
             raise ValueError(f"decode.lookup_occurrence must be one of {', '.join(OCCURRENCES)}, not {self.lookup_occurrence!r}")
         if self.slot_size < 1 or self.serial_blocks < 1 or self.diffusion_steps < 1:
             raise ValueError("decode.slot_size, decode.serial_blocks and decode.diffusion_steps must be >= 1")
+        if self.timing not in TIMING_MODES:
+            raise ValueError(f"decode.timing must be one of {', '.join(TIMING_MODES)}, not {self.timing!r}")
         self._rule = AcceptanceRule.parse(self.acceptance)
 
     @property

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from eval.engines.acceptance import AcceptanceRule
 from eval.engines.ar import AREngine
-from eval.engines.base import UpdateResult, answer_finished, common_prefix_length
+from eval.engines.base import UpdateResult, answer_finished, common_prefix_length, new_cache
 from eval.engines.decode import DecodeSpec
 from eval.engines.lookup import update_forwards, update_proposer
 
@@ -63,7 +63,7 @@ def _greedy_batch(
     attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     input_ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in prompts], device=device)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model)  # the engine's layout: the same numbers as the batch-1 updates
     answers: list[list[int]] = [[] for _ in prompts]
     active = list(range(len(prompts)))
     while True:

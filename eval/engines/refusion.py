@@ -25,14 +25,13 @@ the start of the next forward, never in a forward of their own.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from eval.engines.decode import DecodeSpec
-from eval.engines.base import StreamingEngine, UpdateResult, common_prefix_length, crop_cache
+from eval.engines.base import StreamingEngine, UpdateResult, common_prefix_length, crop_cache, new_cache
 
 # A fed token and its true position id: the KV cache holds a sequence of these.
 Pair = tuple[int, int]
@@ -77,7 +76,7 @@ class RefusionEngine(StreamingEngine):
         self.block_slots = math.ceil(full_slots / min(decode.serial_blocks, full_slots))
 
     def new_state(self) -> SlotState:
-        return SlotState(cache=DynamicCache(config=self.model.config))
+        return SlotState(cache=new_cache(self.model))
 
     # ----------------------------------------------------------------- forwards
 
@@ -123,7 +122,7 @@ class RefusionEngine(StreamingEngine):
         """Verify the held draft in one causal forward, keep its accepted leading run,
         blank the rest and infill it. With no draft this IS the baseline decode."""
         verify_phase, regenerate_phase = phases
-        start, calls_before = time.perf_counter(), sum(self.forwards.values())
+        clock, calls_before = self.stopwatch(), sum(self.forwards.values())
         draft = state.draft
         context = prompt_ids + self._draft_context(draft)
         accepted = 0
@@ -134,7 +133,7 @@ class RefusionEngine(StreamingEngine):
         if not self.finished(answer):
             answer = answer + self.decode(state, context, answer, regenerate_phase)
         state.draft = answer
-        return self._result(answer, draft, accepted, calls_before, start)
+        return self._result(answer, draft, accepted, calls_before, clock)
 
     def _draft_context(self, draft: list[int]) -> list[int]:
         """What precedes the answer besides the prompt: nothing, or (draft_in_context)
