@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from headstart.devices import default_device, resolve_device  # noqa: F401 (default_device: re-exported)
 from headstart.fingerprint import file_sha256, files_sha256
 from headstart.prompts import Family, detect_family
 from headstart.refusion import check_refusion_token_ids
@@ -121,10 +122,6 @@ def default_dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """The tokenizer of a model source, with a pad token set (EOS when it has none)."""
     base = adapter_base(name_or_path)
@@ -149,12 +146,9 @@ def load_model(
     adapter_from_source = adapter_base(name_or_path)
     if adapter_from_source:
         base, adapter = adapter_from_source, name_or_path
-    device = device or default_device()
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
-    dtype = dtype or default_dtype(device)
+    device = resolve_device(device)
     tokenizer = load_tokenizer(adapter if adapter and _has_tokenizer(adapter) else base)
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(base), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(base), **from_pretrained_kwargs(device, dtype))
     if adapter:
         from peft import PeftModel
 
@@ -163,8 +157,18 @@ def load_model(
         model = PeftModel.from_pretrained(model, adapter)
         if merge:
             model = model.merge_and_unload()
-    model.to(device).eval()
+    model.to(device).eval()  # already there; rows added by the resize and the adapter's weights follow it
     return LoadedModel(model=model, tokenizer=tokenizer, family=detect_family(tokenizer), source=name_or_path)
+
+
+def from_pretrained_kwargs(device: str, dtype: torch.dtype | str | None = None) -> dict:
+    """`from_pretrained` arguments that load a model (full, merged, or the base under an adapter)
+    in `dtype` (None: `default_dtype` of the device) straight onto `device`. Loading on the CPU
+    first and moving it after needs the whole model in host memory: 16 GB for an 8B model in
+    bf16, more than a job's share of a node under typical per-CPU memory defaults."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    return {"dtype": dtype or default_dtype(device), "device_map": device}
 
 
 # What `download_model` fetches of a hub repository: configs, tokenizer and safetensors

@@ -67,7 +67,6 @@ foreign_slurm() {  # slurmctld and slurmd processes not started by us
 write_config() {
   mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/spool-n1" "$SLURM_DIR/spool-n2"
   touch "$MARK"
-  local memory_mb=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 3 ))
   cat > "$CONF" <<CONF
 # No systemd, no accounting: what a test cluster on one machine needs.
 ClusterName=headstart
@@ -93,7 +92,15 @@ SlurmdLogFile=$SLURM_DIR/slurmd-%n.log
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-NodeName=n[1-2] NodeAddr=127.0.0.1 Port=[17001-17002] CPUs=2 RealMemory=$memory_mb State=UNKNOWN
+# As many sites do: once a step's first task ends, the others get WaitTime seconds. A step whose
+# main node still works alone (train.sbatch's merge) must say srun --wait=0.
+WaitTime=2
+# The nodes advertise a GPU node's share (what slurm/*.sbatch ask: 8 CPUs, 64 GB for an evaluation),
+# not this machine's, so the scripts run here as submitted. It is bookkeeping only: config_overrides
+# keeps slurmd from draining nodes smaller than that, nothing binds CPUs (TaskPlugin=task/none) or
+# counts memory (CR_Core, no accounting).
+SlurmdParameters=config_overrides
+NodeName=n[1-2] NodeAddr=127.0.0.1 Port=[17001-17002] CPUs=8 RealMemory=131072 State=UNKNOWN
 PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
 CONF
   # The node names must resolve; a line of ours, removed again by `stop`.

@@ -8,7 +8,8 @@
 #   slurm/eval_sharded.sh 8 --sbatch "--gpus 1" eval recipe=suite_smollm2 [--wait]
 #
 # --sbatch: options of the array tasks (and of the merge job unless --merge-sbatch gives
-# its own; the merge computes nothing and loads no model: --merge-sbatch "" asks no GPU).
+# its own; the merge computes nothing and loads no model: --merge-sbatch "" asks no GPU, and it
+# asks 1 CPU and 4 GB instead of eval.sbatch's 8 CPUs and 64 GB unless its options say otherwise).
 # --after JOB: start only once JOB succeeded (the training job of slurm/pipeline.sh); not
 # --dependency in --sbatch, which would replace the merge job's dependency on the array.
 # --wait: return when the merge job ends; non-zero unless it COMPLETED. Prints "shards ID -> merge ID".
@@ -35,7 +36,7 @@ submit() { sbatch --parsable --kill-on-invalid-dep=yes "$@" | cut -d';' -f1; }
 array_job=$(submit --array=0-$((shards - 1)) ${after:+--dependency=afterok$after} $array_opts slurm/eval.sbatch "${args[@]}")
 echo "shards $array_job -> merge (submitting)"
 # shellcheck disable=SC2086
-merge_job=$(submit $wait --dependency=afterok:$array_job$after $merge_opts slurm/eval.sbatch "${args[@]}")
+merge_job=$(submit $wait --dependency=afterok:$array_job$after --cpus-per-task=1 --mem=4G $merge_opts slurm/eval.sbatch "${args[@]}")
 echo "shards $array_job -> merge $merge_job"
 if [ -n "$wait" ]; then
   # sbatch --wait exits 0 for a job cancelled before it ran (a shard failed: afterok never holds).

@@ -3,9 +3,11 @@
 # when the previous one succeeded (--dependency=afterok).
 #
 #   slurm/pipeline.sh --data "recipe=lmsys_prefix" \
-#                     --train "recipe=qwen3_prefix" --train-sbatch "--nodes 4 --gpus-per-node 8" \
+#                     --train "recipe=qwen3_prefix" --train-sbatch "--nodes 2 --gpus-per-node 8" \
 #                     --eval "recipe=before_after_smollm2 model=Qwen/Qwen3-8B adapted=outputs/train/qwen3_prefix/adapter" --eval-sbatch "--gpus 1" [--eval-shards 8] [--wait]
 #
+# (2 x 8 = 16 processes keep the paper's effective batch 16; a world size that cannot is refused, see
+# slurm/train.sbatch.)
 # --eval-shards N: the evaluation as an array of N shards and a merge job (slurm/eval_sharded.sh).
 # Arguments inside the quotes are passed through as key=value overrides.
 set -euo pipefail

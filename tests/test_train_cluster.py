@@ -67,7 +67,7 @@ def test_topology_is_read_off_checkpoints_written_before_records(tmp_path):
 def test_resume_on_another_topology_is_refused_or_allowed_before_training(tmp_path):
     """DeepSpeed raised mid-start on another data-parallel size; DDP <-> ZeRO failed (or silently
     restarted the optimizer); now each case is decided from the checkpoint alone."""
-    paper, _ = parse_recipe(["recipe=qwen3_prefix"])
+    paper, _ = parse_recipe(["recipe=qwen3_prefix", "training.keep_effective_batch=false"])  # 32 processes: raised
     zero3 = deepspeed_checkpoint(tmp_path / "zero3-16", 16, 3)
     assert check_resume(zero3, Topology(16, "deepspeed", 3), paper.training) == []
     with pytest.raises(RecipeValueError, match=r"ZeRO shards of 16 data-parallel ranks; this launch has 32.*relaunch "
@@ -143,12 +143,14 @@ def test_batch_plan_and_resume_are_checked_before_any_data_work(monkeypatch, tmp
                   f"training.output_dir={tmp_path / 'run'}"])
     assert state.kwargs["timeout"].total_seconds() == 1800  # the group gets the recipe's timeout
 
-    recipe, _ = parse_recipe(["recipe=qwen3_prefix", f"data.path={missing}", f"training.output_dir={tmp_path / 'zero'}"])
+    recipe, _ = parse_recipe(["recipe=qwen3_prefix", f"data.path={missing}", f"training.output_dir={tmp_path / 'zero'}",
+                              "training.keep_effective_batch=false"])  # 3 processes: a raised batch, then the resume
     dump_config(recipe, tmp_path / "zero" / "config.yaml")
     deepspeed_checkpoint(tmp_path / "zero" / "checkpoint-2", 2, 3)
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
     with pytest.raises(RecipeValueError, match="DeepSpeed ZeRO-3; this launch is 3 processes without DeepSpeed"):
-        sft.main(["recipe=qwen3_prefix", f"data.path={missing}", f"training.output_dir={tmp_path / 'zero'}"])
+        sft.main(["recipe=qwen3_prefix", f"data.path={missing}", f"training.output_dir={tmp_path / 'zero'}",
+                  "training.keep_effective_batch=false"])
 
 
 # --- The merge: float32, on the main process alone -------------------------------------------

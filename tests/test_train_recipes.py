@@ -105,7 +105,8 @@ def test_batch_plan_for_every_world_size_from_1_to_64(effective, per_device):
     from train.config import batch_plan
 
     recipe, _ = parse_recipe(["recipe=qwen3_prefix", f"training.effective_batch_size={effective}",
-                              f"training.per_device_train_batch_size={per_device}"])
+                              f"training.per_device_train_batch_size={per_device}",
+                              "training.keep_effective_batch=false"])
     lr = recipe.training.learning_rate
     for world in range(1, 65):
         plan = batch_plan(recipe.training, world)
@@ -125,7 +126,7 @@ def test_batch_plan_for_every_world_size_from_1_to_64(effective, per_device):
 def test_batch_plan_on_the_cluster_shapes():
     from train.config import batch_plan
 
-    recipe, _ = parse_recipe(["recipe=qwen3_prefix"])
+    recipe, _ = parse_recipe(["recipe=qwen3_prefix", "training.keep_effective_batch=false"])
     shapes = {world: (p.per_device, p.accumulation, p.effective, round(p.learning_rate, 10))
               for world in (1, 8, 16, 32) for p in [batch_plan(recipe.training, world)]}
     assert shapes == {1: (2, 8, 16, 2e-5), 8: (2, 1, 16, 2e-5), 16: (1, 1, 16, 2e-5),

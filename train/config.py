@@ -74,8 +74,9 @@ class TrainingSection:
     )
     keep_effective_batch: bool = field(
         default=False,
-        metadata={"help": "refuse a world size that cannot keep effective_batch_size (false: raise it to the next "
-                          "multiple of the world size and scale the learning rate by the square root; printed)"},
+        metadata={"help": "refuse a world size that cannot keep effective_batch_size (the paper's recipes say true); "
+                          "false: raise it to the next multiple of the world size and scale the learning rate by "
+                          "the square root (printed)"},
     )
     ddp_timeout: int = field(
         default=1800, metadata={"help": "seconds a collective (barrier, all-reduce) waits for the other processes"}
@@ -87,7 +88,10 @@ class TrainingSection:
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm"})
     seed: int = field(default=42, metadata={"help": "seed for initialisation, dropout and data order"})
-    bf16: bool | None = field(default=None, metadata={"help": "bf16 mixed precision; null = on with CUDA, off on CPU"})
+    bf16: bool | None = field(
+        default=None, metadata={"help": "bf16 mixed precision; null = on with CUDA, off on CPU; true asks for a GPU "
+                                        "(refused where CUDA is unusable, unless accelerate launch --cpu)"}
+    )
     gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations to save memory"})
     packing: bool = field(default=False, metadata={"help": "pack sequences (bfd, padding-free) instead of padding"})
     padding_free: bool = field(default=False, metadata={"help": "flatten each batch without pad tokens"})
@@ -178,6 +182,8 @@ RESUMABLE_KEYS = (
     "training.merge",
     "training.ddp_timeout",
     "training.dataloader_num_workers",  # the sampler and its order stay in the main process
+    # Only refuses or allows a raised batch; check_resume compares the plan itself with the checkpoint's.
+    "training.keep_effective_batch",
     "wandb.project",
     "wandb.entity",
     "wandb.tags",
@@ -331,15 +337,21 @@ def batch_plan(training: TrainingSection, world_size: int) -> BatchPlan:
     for per_device in range(most, 0, -1):
         if effective % (world_size * per_device) == 0:
             return BatchPlan(world_size, per_device, effective // (world_size * per_device), effective, rate, **requested)
+    raised = -(-effective // world_size) * world_size
     if training.keep_effective_batch:
         raise RecipeValueError(
             f"training.effective_batch_size={effective} cannot be split over {world_size} processes (it is not a "
             f"multiple of {world_size}) and training.keep_effective_batch is true: launch on a world size that "
-            f"divides {effective}, or set training.keep_effective_batch=false to raise the batch to "
-            f"{-(-effective // world_size) * world_size} with a square-root learning-rate scaling"
+            f"divides {effective} (e.g. {largest_divisor(effective, world_size)} processes), or pass "
+            f"training.keep_effective_batch=false to accept the raised batch {raised} (learning rate "
+            f"{rate:g} x sqrt({raised}/{effective}) = {rate * math.sqrt(raised / effective):.4g})"
         )
-    raised = -(-effective // world_size) * world_size
     per_process = raised // world_size
     per_device = max(d for d in range(1, most + 1) if per_process % d == 0)
     return BatchPlan(world_size, per_device, per_process // per_device, raised, rate * math.sqrt(raised / effective),
                      **requested)
+
+
+def largest_divisor(effective: int, below: int) -> int:
+    """The largest world size under `below` that keeps `effective` (1 keeps any)."""
+    return max(size for size in range(1, below) if effective % size == 0)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from datetime import timedelta
+from importlib import metadata
 from pathlib import Path
 
 # `accelerate launch train/sft.py` puts train/ first on sys.path; import the
@@ -32,11 +34,13 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 from accelerate import PartialState  # noqa: E402
+from packaging.version import Version  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 from headstart.config import cli_main, config_to_dict, dump_config, load_config  # noqa: E402
+from headstart.devices import environment_gpu_requests, require_cuda  # noqa: E402
 from headstart.models import download_model, load_tokenizer, resolve_model_dir  # noqa: E402
 from headstart.prompts import Family, detect_family, write_training_record  # noqa: E402
 from headstart.refusion import mask_token_id  # noqa: E402
@@ -54,6 +58,33 @@ from train.refusion import RefusionCollator, RefusionTrainer, add_trainable_toke
 from train.tracking import ResolvedConfigToWandb, configure_trackers, finish_trackers  # noqa: E402
 
 DEFAULT_RECIPE = "smollm2_prefix"
+# TrainingArguments.activation_checkpointing (sft_config) and Trainer.loss_is_scaled_for_ga
+# (train/refusion.py, train/distill.py) first appear in transformers 5.19: older releases raise
+# on the first, and ignore the second, dividing the distillation loss by the accumulation steps
+# once more (a learning rate silently cut by that factor).
+TRANSFORMERS_NEEDED = "5.19"
+
+
+class StackVersionError(ValueError):
+    """An installed library too old for this script (a ValueError: printed as one line by cli_main)."""
+
+
+def check_transformers_version(installed: str, needed: str = TRANSFORMERS_NEEDED) -> None:
+    if Version(installed) < Version(needed):
+        raise StackVersionError(
+            f"transformers {installed} is installed; train/sft.py needs transformers >= {needed} "
+            f"(activation_checkpointing, loss_is_scaled_for_ga): pip install 'transformers>={needed}' "
+            "(pyproject.toml pins the tested version)"
+        )
+
+
+def training_gpu_requests(recipe: TrainRecipe, environ: Mapping[str, str] | None = None) -> list[str]:
+    """What asks this run for a GPU (headstart.devices): the environment's GPUs and a recipe saying
+    bf16. `accelerate launch --cpu` (or `use_cpu: true`) is an explicit CPU choice: nothing asks."""
+    environ = os.environ if environ is None else environ
+    if environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes", "y", "on", "t"):
+        return []
+    return environment_gpu_requests(environ) + (["training.bf16=true"] if recipe.training.bf16 else [])
 
 
 def parse_recipe(argv: list[str]) -> tuple[TrainRecipe, str]:
@@ -64,13 +95,17 @@ def parse_recipe(argv: list[str]) -> tuple[TrainRecipe, str]:
     return validate(load_config(TrainRecipe, argv)), name
 
 
+def uses_deepspeed() -> bool:
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
 def process_state_kwargs() -> dict:
     """How this process joins the others. On GPU accelerate decides; on CPU it
     must be told: DDP needs `cpu=True` (MULTI_CPU over gloo), while DeepSpeed
     needs the gloo backend named and `cpu` left off, or each process trains alone."""
     if torch.cuda.is_available():
         return {}
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+    if uses_deepspeed():
         return {"backend": "gloo"}
     return {"cpu": True}
 
@@ -116,8 +151,21 @@ def model_dtype(recipe: TrainRecipe) -> torch.dtype:
     return getattr(torch, recipe.model.dtype)
 
 
-def model_init_kwargs(recipe: TrainRecipe) -> dict:
-    return {"dtype": model_dtype(recipe), "attn_implementation": recipe.model.attn_implementation}
+def model_init_kwargs(recipe: TrainRecipe, gpus: int = 0, device: str = "cpu") -> dict:
+    """`from_pretrained` arguments of the trained model, for a process on `device` of a node with
+    `gpus` usable GPUs. With GPUs the whole model goes to this process's device: left unset, TRL
+    gives a single process `device_map="auto"`, which spreads the model over every GPU of the node
+    (one layer range per GPU, each idle while the others compute). Under DeepSpeed the engine
+    places the model (ZeRO-3 partitions it as it loads, and transformers refuses a device_map
+    there); on CPU there is nothing to place."""
+    placed = gpus > 0 and not uses_deepspeed()
+    return {"dtype": model_dtype(recipe), "attn_implementation": recipe.model.attn_implementation,
+            "device_map": {"": device} if placed else None}
+
+
+def process_device(state: PartialState) -> tuple[int, str]:
+    """The usable GPUs of this node and the device accelerate gives this process."""
+    return (torch.cuda.device_count() if torch.cuda.is_available() else 0), str(state.device)
 
 
 def load_data(recipe: TrainRecipe, tokenizer, state: PartialState, system: str | None):
@@ -150,15 +198,18 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState, system: str |
     return train, evaluation, record
 
 
-def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool) -> SFTConfig:
+def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
+               placement: tuple[int, str] | None = None) -> SFTConfig:
     """TRL arguments from the recipe: per-device batch, accumulation and learning rate from the
     batch plan of this world size (train.config.batch_plan). For refusion and distill, TRL
     keeps the tokenized parts as they are (the objective's collator lays them out); refusion
-    also hands TRL the model already loaded (it adds its tokens first)."""
+    also hands TRL the model already loaded (it adds its tokens first). `placement`: the node's
+    GPUs and this process's device (`process_device`; default that of the current process)."""
     t = recipe.training
     plan = batch_plan(t, world_size)
     refusion = recipe.objective == "refusion"
     own_layout = recipe.objective in ("refusion", "distill")
+    placement = placement or process_device(PartialState())
     return SFTConfig(
         output_dir=str(output_dir),
         run_name=t.run_name or f"{recipe_name}-{Path(recipe.model.name_or_path.rstrip('/')).name}",
@@ -192,7 +243,7 @@ def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_si
         use_cpu=process_state_kwargs().get("cpu", False),
         ddp_backend=process_state_kwargs().get("backend"),
         ddp_timeout=t.ddp_timeout,
-        model_init_kwargs=None if refusion else model_init_kwargs(recipe),
+        model_init_kwargs=None if refusion else model_init_kwargs(recipe, *placement),
         remove_unused_columns=not own_layout,
         dataset_kwargs={"skip_prepare_dataset": True} if own_layout else None,
     )
@@ -263,8 +314,10 @@ def training_record(recipe: TrainRecipe, recipe_name: str, plan: BatchPlan, data
 
 
 def main(argv: list[str]) -> None:
-    # --- Recipe, and the run it would resume ------------------------------------
+    # --- Stack, recipe, device, and the run it would resume ---------------------
+    check_transformers_version(metadata.version("transformers"))
     recipe, recipe_name = parse_recipe(argv)
+    require_cuda(training_gpu_requests(recipe))  # never an 8B model on CPU in fp32 without a word
     output_dir = Path(recipe.training.output_dir or f"outputs/train/{recipe_name}")
     changed = check_run_dir(output_dir, recipe)  # another recipe's run is refused, before anything is written
     state = PartialState(**process_group_kwargs(recipe))
@@ -295,13 +348,14 @@ def main(argv: list[str]) -> None:
     configure_trackers(recipe, recipe_name, output_dir, state.is_main_process)
 
     # --- Model and trainer -----------------------------------------------------
-    args = sft_config(recipe, recipe_name, output_dir, state.num_processes, eval_data is not None)
+    evaluate = eval_data is not None
+    args = sft_config(recipe, recipe_name, output_dir, state.num_processes, evaluate, process_device(state))
     stop = stop_on_request()  # preemption (slurm/train.sbatch): checkpoint and stop when asked
     model, peft_config, trainer_class, collator, objective_kwargs = model_dir, lora_config(recipe), SFTTrainer, None, {}
     if recipe.objective == "refusion":
         # The base with its mask and begin tokens (rows trained beside LoRA), then the slot layout and loss.
         # Loaded after the TRL arguments, so a ZeRO-3 run partitions it as TRL's own loading would.
-        model = AutoModelForCausalLM.from_pretrained(model_dir, **model_init_kwargs(recipe))
+        model = AutoModelForCausalLM.from_pretrained(model_dir, **model_init_kwargs(recipe, *process_device(state)))
         add_trainable_tokens(model, tokenizer, peft_config)
         trainer_class, collator = RefusionTrainer, refusion_collator(recipe, tokenizer, state.process_index)
     elif recipe.objective == "distill":

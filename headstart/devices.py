@@ -1,0 +1,78 @@
+"""Which device a run uses, and the refusal when a GPU was asked for but CUDA is unusable.
+
+Without this, a torch whose CUDA cannot start (a driver older than the wheel's CUDA, a
+CPU-only build on a GPU node) reports `torch.cuda.is_available() == False`, and every
+"cuda when available, else cpu" default quietly puts an 8B model on the CPU, in fp32. Here
+the run says what asked for a GPU and stops instead. What asks for one:
+- the environment: a Slurm allocation with GPUs (`SLURM_GPUS_ON_NODE`, `SLURM_JOB_GPUS`,
+  `SLURM_STEP_GPUS`) or a non-empty `CUDA_VISIBLE_DEVICES` other than "-1";
+- the run's own settings: a training recipe with `training.bf16: true`, an evaluation with
+  `device=cuda...`.
+An explicit CPU choice (`device=cpu`, `accelerate launch --cpu`) overrides the environment.
+The environment is an argument (default `os.environ`) so that callers and tests pass their own.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+
+import torch
+
+# Set by Slurm for a job or step holding GPUs: a count ("0": none), or the GPUs' indices ("0": GPU 0).
+SLURM_GPU_COUNT = "SLURM_GPUS_ON_NODE"
+SLURM_GPU_INDICES = ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS")
+# CUDA_VISIBLE_DEVICES values that hide every GPU (old Slurm writes NoDevFiles for a GPU-less job).
+NO_GPU_VISIBLE = ("", "-1", "NoDevFiles")
+
+
+class CudaUnusableError(ValueError):
+    """A GPU was asked for and CUDA cannot run. A ValueError, so that the entry points print it
+    as one line (headstart.config.CLI_ERRORS)."""
+
+
+def environment_gpu_requests(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The variables of `environ` that hand this process GPUs, as `NAME=value`."""
+    environ = os.environ if environ is None else environ
+    none = {SLURM_GPU_COUNT: ("", "0"), **{name: ("", "(null)") for name in SLURM_GPU_INDICES},
+            "CUDA_VISIBLE_DEVICES": NO_GPU_VISIBLE}
+    return [f"{name}={environ[name]}" for name, empty in none.items()
+            if name in environ and environ[name].strip() not in empty]
+
+
+def cuda_state() -> str:
+    """What this torch says of CUDA, for the refusal: its build and why CUDA did not start."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.is_available()  # a too-old driver is reported as a warning here
+    reasons = [str(w.message).strip().splitlines()[0] for w in caught if "CUDA" in str(w.message)]
+    build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    return f"torch {torch.__version__}, {build}" + (f"; {reasons[0]}" if reasons else "")
+
+
+def require_cuda(asked: list[str]) -> None:
+    """Refuse when anything in `asked` (what asked for a GPU, in words) did and CUDA is unusable."""
+    if not asked or torch.cuda.is_available():
+        return
+    hint = ("install a CUDA build of torch" if not torch.version.cuda else
+            f"check that the NVIDIA driver supports CUDA {torch.version.cuda} (nvidia-smi shows the driver's "
+            "CUDA version) or install a torch built for an older CUDA")
+    raise CudaUnusableError(f"{', '.join(asked)} asked for a GPU, but CUDA is unusable here "
+                            f"(torch.cuda.is_available() is False: {cuda_state()}): {hint}; "
+                            "to run on CPU after all, say so (device=cpu; for training, accelerate launch --cpu)")
+
+
+def default_device(environ: Mapping[str, str] | None = None) -> str:
+    """cuda when it works; cpu when it does not and nothing asked for a GPU (else refused)."""
+    require_cuda(environment_gpu_requests(environ))
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_device(device: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """The device a run asks for (None: `default_device`), checked: a cuda device needs CUDA."""
+    if device is None:
+        return default_device(environ)
+    if device.startswith("cuda"):
+        require_cuda([f"device={device}"])
+    return device
