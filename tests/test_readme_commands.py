@@ -1,4 +1,5 @@
-"""Every command in README.md's ```bash blocks is checked, so the README cannot drift from the code.
+"""Every command in the ```bash blocks of README.md and docs/*.md is checked, so the documentation
+cannot drift from the code.
 
 Each command is listed in COVERAGE with how it is checked:
 - `Checked()`: its recipe and every key=value parsed and validated by the entry point's own
@@ -8,8 +9,8 @@ Each command is listed in COVERAGE with how it is checked:
 - `HelpHas()`: an argparse script; `--help` runs and names every option the command uses;
 - `Elsewhere(test)`: run for real (on the tiny models) by the named test or script;
 - `Allowed(reason)`: cannot run here, and why.
-A command added to the README without an entry here, or an entry whose command left the
-README, fails `test_every_readme_command_is_covered`.
+A command added to README.md or a docs/*.md file without an entry here, or an entry whose command
+left all of them, fails `test_every_documented_command_is_covered`.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class Allowed:
 
 CHECK_ONLY = ("limit=0",)
 COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
-    "make demo": Allowed("the whole demo (17 minutes); its stages are the README's data, train and "
+    "make demo": Allowed("the whole demo; its stages are the README's data, train and "
                          "before/after commands below, each checked here"),
     "make test": Allowed("the test suite itself"),
     # The streaming evaluator
@@ -83,6 +84,10 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m data_builders recipe=lmsys_prefix generation.backend=vllm generation.batch_size=1024 "
     "generation.vllm.tensor_parallel_size=2 generation.vllm.data_parallel_size=4": Checked(),
     "python benchmarks/bench_vllm.py": HelpHas(),
+    "HEADSTART_VLLM_PACKAGE=vllm==<version> bash scripts/setup_vllm.sh": Allowed(
+        "builds a vLLM environment with vLLM's CUDA torch for a GPU machine; needs a GPU and the network"),
+    "python benchmarks/bench_vllm.py --distill 200 --eval 20 --device cuda": HelpHas(),
+    "python benchmarks/bench_data_builders.py --sizes 50000 200000 --num-proc 2": HelpHas(),
     "python -m data_builders recipe=lmsys_prefix_llama31": Checked(),
     "python -m data_builders recipe=lmsys_prefix_gemma3": Checked(),
     "python -m data_builders recipe=code_prefix_to_answer": Checked(),
@@ -110,6 +115,8 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m eval recipe=humaneval_smollm2_refusion": Checked(),
     "python -m eval recipe=humaneval_refusion_draft_refinement": Checked(),
     "python benchmarks/bench_refusion.py --limit 20": HelpHas(),
+    "python benchmarks/bench_refusion.py --limit 20 --threads 1": HelpHas(),
+    "python benchmarks/bench_train.py --rows 48 --steps 4 --max-length 512": HelpHas(),
     # Suite
     "python -m eval recipe=suite model=Qwen/Qwen3-8B": Checked(),
     "python -m eval recipe=suite_smollm2 limit=4 decode.max_new_tokens=32": RunCheap(CHECK_ONLY),
@@ -133,9 +140,12 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     # Slurm: the same scripts run on the local two-node cluster with CPU options (tests/test_slurm.py)
     "sbatch slurm/train.sbatch recipe=qwen3_prefix training.learning_rate=1e-4": Checked(
         "tests/test_slurm.py::test_train_sbatch_runs_on_two_nodes_and_leaves_a_merged_model"),
-    "sbatch --nodes 4 slurm/train.sbatch recipe=qwen3_prefix": Checked(
+    "sbatch --nodes 4 slurm/train.sbatch recipe=qwen3_prefix training.keep_effective_batch=false": Checked(
         "tests/test_slurm.py::test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapter"),
     "ACCELERATE_CONFIG=recipes/accelerate/zero3.yaml sbatch slurm/train.sbatch recipe=qwen3_prefix": Checked(),
+    # Memory per GPU of the paper recipes (meta-device builds of the vendored configs)
+    "python -m train.memory": RunCheap(),
+    "python -m train.memory recipe=gemma3_prefix gpus=8": RunCheap(),
     "sbatch slurm/data.sbatch recipe=lmsys_prefix_llama31": Checked(),
     "sbatch --gpus-per-node=0 slurm/data.sbatch recipe=code_prefix_to_answer": Checked(
         "tests/test_slurm.py::test_pipeline_chains_data_train_and_before_after_eval"),
@@ -170,17 +180,27 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
         Elsewhere("tests/test_live.py::test_typed_request_gets_the_evaluators_answer"),
     "python -m eval.live_screenshot model=smollm2 request=0 cpm=400 output=docs/live_page.png": Elsewhere(
         "tests/test_live.py::test_the_screenshot_command_types_a_benchmark_request_and_saves_the_answered_page"),
-    # GPU check
-    "bash scripts/gpu_check.sh /tmp/headstart-gpu-check": Allowed("needs a CUDA GPU (README: unverified here)"),
-    "bash scripts/gpu_check.sh --check": RunCheap(),
+    # Device check
+    "bash scripts/device_wheels.sh": Allowed("downloads about 21 MiB of wheels from PyPI for the GPU machine"),
+    "bash scripts/device_check.sh --wheels .whl /tmp/headstart-device-check": Allowed(
+        "needs a CUDA GPU; its CPU twin (the same stages) runs in tests/test_device_check.py"),
+    "bash scripts/device_check.sh --cpu /tmp/headstart-device-check-cpu":
+        Elsewhere("tests/test_device_check.py::test_the_cpu_twin_runs_every_stage_and_reruns_one_alone"),
+    "bash scripts/device_check.sh --stage zero3 /tmp/headstart-device-check":
+        Elsewhere("tests/test_device_check.py::test_the_cpu_twin_runs_every_stage_and_reruns_one_alone"),
 }
 
 
-def readme_commands() -> list[str]:
-    """The commands of README.md's ```bash blocks: continuation lines joined, trailing comments
-    and repeated whitespace removed, each once, in order."""
+def documents() -> list[Path]:
+    """The files whose ```bash blocks are checked: README.md and every docs/*.md."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def block_commands(text: str) -> list[str]:
+    """The commands of a Markdown text's ```bash blocks: continuation lines joined, trailing
+    comments and repeated whitespace removed, each once, in order."""
     commands: list[str] = []
-    for block in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S):
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
             command = re.sub(r"\s+", " ", re.sub(r"(^|\s+)#.*$", "", line)).strip()  # comments are not commands
             if command and command not in commands:
@@ -188,12 +208,21 @@ def readme_commands() -> list[str]:
     return commands
 
 
-def test_every_readme_command_is_covered():
-    commands = readme_commands()
-    missing = [c for c in commands if c not in COVERAGE]
-    stale = [c for c in COVERAGE if c not in commands]
-    assert not missing, "README commands with no check (add them to COVERAGE):\n" + "\n".join(missing)
-    assert not stale, "COVERAGE entries no longer in README.md:\n" + "\n".join(stale)
+def documented_commands() -> dict[str, list[str]]:
+    """Every documented command, in order of first appearance, with the files it appears in."""
+    files_of: dict[str, list[str]] = {}
+    for path in documents():
+        for command in block_commands(path.read_text()):
+            files_of.setdefault(command, []).append(str(path.relative_to(REPO)))
+    return files_of
+
+
+def test_every_documented_command_is_covered():
+    documented = documented_commands()
+    missing = [f"{c}   ({', '.join(files)})" for c, files in documented.items() if c not in COVERAGE]
+    stale = [c for c in COVERAGE if c not in documented]
+    assert not missing, "documented commands with no check (add them to COVERAGE):\n" + "\n".join(missing)
+    assert not stale, "COVERAGE entries in neither README.md nor docs/*.md:\n" + "\n".join(stale)
 
 
 def test_the_tests_named_as_running_a_command_exist():
