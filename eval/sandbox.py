@@ -11,79 +11,77 @@ ever on the host's disk. SysV IPC objects and POSIX message queues live in the
 program's own IPC namespace and die with it; so does every process it forks
 (PID namespace: when the program's init goes, the kernel kills the rest).
 When the evaluator dies, so does the program: the parent-death signal kills
-bwrap, whose `--die-with-parent` kills the program's init. At the wall limit the
-evaluator kills that init itself (through a pidfd), and it returns only once
-that init is gone, and with it every process of the program.
+bwrap, whose `--die-with-parent` kills the program's init. When the run ends
+(the program exited, or the wall limit passed) the evaluator kills that init
+itself, through a pidfd, and returns only once it is gone (reaped, where the
+evaluator is PID 1 or a subreaper), and with it every process of the program.
 
 On top of bwrap, by hand: rlimits on CPU time, address space, file size (which
-also caps its output) and process count; closed stdin; stdout and stderr in
-memory files that only the evaluator holds (a program cannot swap them for a
-FIFO or a symlink); a cgroup per program where the machine lets us make one,
-capping the memory and process count of the program as a whole
-(eval/sandbox_cgroup.py; without one, memory is capped per process only). When
-the evaluator runs as root, the program runs under a throw-away user id of its
-own (bwrap then makes its user namespace as that uid); the interpreter's
-prefixes, which that uid may be unable to reach (a 0700 home), are bound for
-bwrap in a private mount namespace. Each evaluator process first sweeps what a
-killed predecessor may have left (its cgroups, processes of its throw-away uids).
+also caps its output), open files and process count; closed stdin; stdout and
+stderr in memory files that only the evaluator holds (a program cannot swap them
+for a FIFO or a symlink); a seccomp filter (eval/sandbox_seccomp.py: no ptrace or
+other reach into the sandbox's init; no memfds, no SysV shared memory attach, no
+sockets but AF_UNIX and no larger socket buffers, so that what a process holds
+through descriptors stays small; no keyrings, and /proc/keys is masked); a cgroup
+per program where the machine lets us make one, capping the memory and process
+count of the program as a whole (eval/sandbox_cgroup.py; without one, memory is
+capped per process only). `ExecutionResult.containment` names which:
+"cgroup+seccomp" or "rlimit+seccomp". When the evaluator runs as root, the
+program runs under a throw-away user id of its own, recorded before use
+(eval/sandbox_host.py; the first run of each evaluator process sweeps what a
+killed predecessor left under the uids it recorded, and its cgroups).
 
 Without bwrap, or where it cannot build the sandbox, running a program raises
-`SandboxUnavailable`: a program never runs unsandboxed.
+`SandboxUnavailable`: a program never runs unsandboxed. What a program's text
+holds (a lone surrogate, a size over the file cap) fails that program only.
 
-A program passes only when it exits 0 AND the trusted bootstrap that runs it
-reports, over a pipe only the evaluator reads, that the program's code returned
-(`completed`): `sys.exit(0)` before the asserts is a failure. Nothing the program
-can read (its file, argv, environment, working directory, output) holds a
-secret to print. The bootstrap runs in the program's own process, so code that
-deliberately reverse-engineers it (finds the pipe and writes the record) could
-still forge a pass: no check inside that process can prevent that; only tests
-run out of process could.
+`run_tests` (the tests inside the program, as DS-1000 and CanItEdit need): a
+program passes only when it exits 0 AND the trusted bootstrap that runs it reports,
+over a pipe only the evaluator reads, that it started once and that the program's
+code returned. The bootstrap compiles the program with asserts on whatever the
+interpreter's flags, refuses to run optimized, and uses no runpy; an audit hook
+ends the process at a trace or profile hook, a change of a function's `__code__`
+(but the flag types.coroutine sets), an exec of the process image or a gc walk. What stays possible inside the
+program's own process: writing the record once it finds the pipe, answers whose
+`__eq__` always says True, patching what the tests call (builtins, libraries),
+ctypes. `eval.sandbox_calls.run_calls` runs the tests in a trusted process instead
+(HumanEval, MBPP): the program only answers calls, with plain data.
 """
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-import json
-import logging
 import os
-import platform
-import resource
-import select
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import lru_cache
 
-from eval.sandbox_cgroup import CgroupParent, alive, join as join_cgroup
+from eval.sandbox_host import SLOTS, Host, sandbox_uid, sandbox_uid_owner  # noqa: F401 (sandbox_uid*: public)
+from eval.sandbox_process import (Contain, Init, bwrap_args, close_all, end_sandbox, normalized, nproc_limit,
+                                  read_capped, read_channel, until_exit)
+from eval.sandbox_seccomp import UnsupportedMachine, seccomp_program
 
 # Host places a program must never be able to write to (the tests check them).
 SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
-SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-WORKDIR = "/tmp"  # inside the sandbox: working directory, home and /tmp at once
-# Throw-away uids (root only): BASE + evaluator pid * SLOTS + slot; pids stay below 2**22.
-SANDBOX_UID_BASE, SLOTS, _MAX_PID = 1 << 30, 512, 1 << 22
-# Mount points for the interpreter's prefixes in the private mount namespace (root only).
-PREBIND_DIR = "/run/headstart-sandbox"
-CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE = 0x00020000, 0x1000, 0x4000, 0x40000
-PR_SET_PDEATHSIG = 1
-# Loaded here, not in the forked child: dlopen after fork can deadlock.
-_LIBC = ctypes.CDLL(None, use_errno=True)
-_log = logging.getLogger(__name__)
+# After the trusted side is done, how long a program may take to exit by itself.
+EXIT_GRACE_SECONDS = 0.5
 
-# Runs inside the sandbox, in the program's process: closes every inherited
-# descriptor but the channel, caps the process count (counted per user
-# namespace since Linux 5.14), says it started, runs program.py as __main__,
-# and says `completed` only when that returned.
-BOOTSTRAP = """\
-import os, resource, runpy, sys
-channel, nproc = int(sys.argv[1]), int(sys.argv[2])
+# Runs inside the sandbox, in the program's process, as `python -I -c`: closes every
+# inherited descriptor but its own, caps the process count (counted per user
+# namespace since Linux 5.14), refuses to run with asserts off (a program that
+# re-executed it with -O); then BOOTSTRAP_RUN says it started, compiles program.py
+# with asserts on and runs it as __main__ without runpy (whose Python-level
+# context managers a program can patch to swallow its failing assert).
+BOOTSTRAP_HEAD = """\
+import builtins, os, resource, sys, types
+channel, nproc, extra = int(sys.argv[1]), int(sys.argv[2]), [int(fd) for fd in sys.argv[3:]]
 for fd in [int(name) for name in os.listdir('/proc/self/fd')]:
-    if fd > 2 and fd != channel:
+    if fd > 2 and fd != channel and fd not in extra:
         try:
             os.close(fd)
         except OSError:
@@ -91,11 +89,42 @@ for fd in [int(name) for name in os.listdir('/proc/self/fd')]:
 os.set_inheritable(channel, False)
 if nproc:
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-os.write(channel, b'started\\n')
-sys.argv = ['program.py']
-runpy.run_path('program.py', run_name='__main__')
-os.write(channel, b'completed\\n')
+if sys.flags.optimize:
+    os._exit(70)
+write = os.write
 """
+BOOTSTRAP_RUN = """\
+write(channel, b'started\\n')
+with open('program.py', 'rb') as handle:
+    code = compile(handle.read(), 'program.py', 'exec', dont_inherit=True, optimize=0)
+main = types.ModuleType('__main__')
+main.__file__, main.__builtins__ = 'program.py', builtins
+sys.modules['__main__'], sys.argv = main, ['program.py']
+exec(code, main.__dict__)
+"""
+# Tests in the program's process: what would forge their verdict cheaply ends it:
+# trace and profile hooks, re-executing the process, walking the gc to reach what
+# it was not given, and swapping a function's code (types.coroutine's change of
+# one flag, which asyncio makes at import, is the one change let through).
+GUARD = """\
+def guard(exit=os._exit, write=os.write, code_type=types.CodeType, function_type=types.FunctionType,
+          denied=frozenset({'sys.settrace', 'sys.setprofile', 'sys.monitoring.register_callback', 'os.exec',
+                            'gc.get_objects', 'gc.get_referrers', 'gc.get_referents'})):
+    def swaps_code(args):
+        if len(args) < 3 or type(args[0]) is not function_type or type(args[1]) is not str or args[1] != '__code__':
+            return False
+        old, new = args[0].__code__, args[2]
+        return type(new) is not code_type or (new.co_flags ^ old.co_flags) not in (0, 0x100) or \\
+            new.replace(co_flags=old.co_flags) != old
+    def hook(event, args):
+        if event in denied or (event == 'object.__setattr__' and swaps_code(args)):
+            write(2, b'sandbox: ' + event.encode() + b' is not allowed in a tested program\\n')
+            exit(71)
+    sys.addaudithook(hook)
+guard()
+del guard
+"""
+BOOTSTRAP = BOOTSTRAP_HEAD + GUARD + BOOTSTRAP_RUN + "write(channel, b'completed\\n')\n"
 
 
 class SandboxUnavailable(RuntimeError):
@@ -117,7 +146,7 @@ class SandboxLimits:
 
 @dataclass
 class ExecutionResult:
-    """How a program run ended."""
+    """How a program run ended, and what contained it."""
 
     passed: bool
     status: str  # passed | failed | timeout
@@ -125,13 +154,21 @@ class ExecutionResult:
     stdout: str
     stderr: str
     seconds: float
+    containment: str = ""  # cgroup+seccomp | rlimit+seccomp | not run (rejected before it started)
+
+
+class _Rejected(ValueError):
+    """The program's text cannot become a program file: it fails, nothing runs."""
 
 
 def run_tests(program: str, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
-    """Run `program` (solution + its tests); passed iff its code returned and it exited 0."""
-    result, completed = _run(program, limits)
-    result.passed = completed and result.returncode == 0 and result.status != "timeout"
+    """Run `program` (solution + its tests); passed iff it started once, its code
+    returned and it exited 0."""
+    result, records = _run(program, limits, BOOTSTRAP)
+    result.passed = records == b"started\ncompleted\n" and result.returncode == 0 and result.status != "timeout"
     result.status = "passed" if result.passed else result.status
+    if result.containment != "not run":
+        result.containment += ", tests in the program's process"
     return result
 
 
@@ -144,7 +181,7 @@ def run_many(programs: list[str], limits: SandboxLimits = SandboxLimits(), worke
 
 def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
     """Execute Python `source` in the sandbox and report how it ended."""
-    return _run(source, limits)[0]
+    return _run(source, limits, BOOTSTRAP)[0]
 
 
 def bwrap_path() -> str:
@@ -157,326 +194,153 @@ def bwrap_path() -> str:
     return path
 
 
-def sandbox_uid(evaluator_pid: int, slot: int) -> int:
-    """The throw-away uid of one running program (root only)."""
-    return SANDBOX_UID_BASE + evaluator_pid * SLOTS + slot
-
-
-def sandbox_uid_owner(uid: int) -> int | None:
-    """The evaluator pid a throw-away uid belongs to, or None for any other uid."""
-    if SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + _MAX_PID * SLOTS:
-        return (uid - SANDBOX_UID_BASE) // SLOTS
-    return None
-
-
-def _run(source: str, limits: SandboxLimits) -> tuple[ExecutionResult, bool]:
-    bwrap = bwrap_path()
-    host = _Host.get()
-    slot = host.acquire_slot()
-    cgroup = None
-    fds: list[int] = []
+@lru_cache(maxsize=1)
+def _seccomp_filter() -> bytes:
     try:
-        root = os.geteuid() == 0
-        if host.cgroups is not None:
-            cgroup = host.cgroups.create(slot, limits.memory_bytes, limits.max_processes + 2)
-        source_fd, stdout_fd, stderr_fd = (os.memfd_create(name) for name in ("program", "stdout", "stderr"))
-        channel_r, channel_w = os.pipe()
-        info_r, info_w = os.pipe()
-        fds += [source_fd, stdout_fd, stderr_fd, channel_r, channel_w, info_r, info_w]
-        os.write(source_fd, source.encode("utf-8", errors="surrogateescape"))
-        os.lseek(source_fd, 0, os.SEEK_SET)
-        args = _bwrap_args(bwrap, limits, host.prefix_binds(root), source_fd, channel_w, info_w, _nproc(limits, root))
-        contain = _Contain(
-            uid=sandbox_uid(os.getpid(), slot) if root else None,
-            limits=limits,
-            cgroup_procs=cgroup.procs_files() if cgroup else [],
-            prebinds=host.prebinds() if root else [],
-            parent=os.getpid(),
-        )
-        start = time.monotonic()
-        try:
-            process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=stdout_fd, stderr=stderr_fd, env={},
-                                       pass_fds=(source_fd, channel_w, info_w), start_new_session=True,
-                                       preexec_fn=contain)
-        except (OSError, subprocess.SubprocessError) as error:
-            raise SandboxUnavailable(f"could not start the sandbox: {error}") from error
-        for fd in (channel_w, info_w):
-            os.close(fd)
-            fds.remove(fd)
-        init = _Init(process, info_r, limits.wall_seconds)
-        if init.fd is not None:
-            fds.append(init.fd)
-        timed_out = False
-        try:
-            process.wait(timeout=max(0.0, limits.wall_seconds - (time.monotonic() - start)))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            init.kill()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-        _kill_group(process.pid)
-        process.wait()
-        init.wait_gone(timeout=5)
-        seconds = time.monotonic() - start
-        if cgroup is not None:
-            cgroup.destroy()
-            cgroup = None
-        records = _read_channel(channel_r).split(b"\n")
-        stderr = _read_capped(stderr_fd, limits.max_output_bytes)
-        if not timed_out and records[0] != b"started":
-            raise SandboxUnavailable(f"the sandbox did not start (bwrap exit {process.returncode}; a limit too "
-                                     f"small for the interpreter, or no user namespaces here?): {stderr.strip()[-2000:]}")
-        returncode = _normalized(process.returncode)
-        cpu_killed = returncode in (-signal.SIGXCPU, -signal.SIGKILL) and seconds >= limits.cpu_seconds * 0.9
-        result = ExecutionResult(
-            passed=False,
-            status="timeout" if timed_out or cpu_killed else "failed",
-            returncode=None if timed_out else returncode,
-            stdout=_read_capped(stdout_fd, limits.max_output_bytes),
-            stderr=stderr,
-            seconds=seconds,
-        )
-        return result, b"completed" in records[1:]
-    finally:
-        if cgroup is not None:
-            cgroup.destroy()
-        for fd in fds:
-            os.close(fd)
-        host.release_slot(slot)
+        return seccomp_program()
+    except UnsupportedMachine as error:
+        raise SandboxUnavailable(f"{error}: programs are not run without it") from error
 
 
-def _bwrap_args(bwrap: str, limits: SandboxLimits, prefix_binds: list[tuple[str, str]], source_fd: int,
-                channel_fd: int, info_fd: int, nproc: int) -> list[str]:
-    args = [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-            "--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
-    for path in SYSTEM_DIRS:
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            args += ["--ro-bind", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev",
-             "--size", str(limits.max_disk_bytes), "--tmpfs", WORKDIR,
-             "--size", str(limits.max_disk_bytes), "--tmpfs", "/dev/shm",
-             "--dir", "/var", "--symlink", WORKDIR, "/var/tmp"]
-    for source, target in prefix_binds:
-        args += ["--ro-bind", source, target]
-    args += ["--file", str(source_fd), f"{WORKDIR}/program.py",
-             "--remount-ro", "/dev", "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
-    env = {"PATH": "/usr/bin:/bin", "HOME": WORKDIR, "TMPDIR": WORKDIR, "LANG": "C.UTF-8",
-           # One thread per numeric library (programs run in parallel), no display.
-           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MPLBACKEND": "Agg",
-           # As DS-1000's harness: quiet TensorFlow, no GPU for model-written code.
-           "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
-    for name, value in env.items():
-        args += ["--setenv", name, value]
-    return args + ["--", sys.executable, "-I", "-c", BOOTSTRAP, str(channel_fd), str(nproc)]
-
-
-def _nproc(limits: SandboxLimits, root: bool) -> int:
-    """RLIMIT_NPROC for inside: a throw-away uid counts only its own processes;
-    the evaluator's own uid does so only where the count is per user namespace."""
-    release = tuple(int(part) for part in platform.release().split(".")[:2] if part.isdigit())
-    return limits.max_processes if root or release >= (5, 14) else 0
-
-
-class _Contain:
-    """Runs in the child between fork and exec of bwrap: cgroup and limits
-    first, privileges last, then the parent-death signal (which a change of
-    user id would clear). Raw system calls only."""
-
-    def __init__(self, uid: int | None, limits: SandboxLimits, cgroup_procs: list[bytes],
-                 prebinds: list[tuple[bytes, bytes]], parent: int) -> None:
-        self.uid, self.limits, self.parent = uid, limits, parent
-        self.cgroup_procs, self.prebinds = cgroup_procs, prebinds
-
-    def __call__(self) -> None:
-        limits = self.limits
-        join_cgroup(self.cgroup_procs)
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if self.uid is not None:
-            # bwrap, running as the throw-away uid, resolves its bind sources
-            # itself: bind the interpreter's prefixes where that uid can reach them.
-            if _LIBC.unshare(CLONE_NEWNS) != 0 or _LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-                raise OSError(ctypes.get_errno(), "private mount namespace")
-            for source, target in self.prebinds:
-                if _LIBC.mount(source, target, None, MS_BIND | MS_REC, None) != 0:
-                    raise OSError(ctypes.get_errno(), f"bind {source!r}")
-            os.setgroups([])
-            os.setgid(self.uid)
-            os.setuid(self.uid)
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != self.parent:  # the evaluator died before the signal was armed
-            os._exit(1)
-
-
-class _Host:
-    """Per evaluator process: the cgroup parent, the interpreter's prefixes, the
-    slots of running programs; prepared (and leftovers swept) on first use."""
-
-    _lock = threading.Lock()
-    _instance: _Host | None = None
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.root = os.geteuid() == 0
-        self.free = list(range(SLOTS))
-        self.slot_lock = threading.Lock()
-        self.prefixes = _interpreter_prefixes()
-        if self.root:
-            _sweep_uids()
-            for index in range(len(self.prefixes)):
-                os.makedirs(f"{PREBIND_DIR}/prefix-{index}", mode=0o755, exist_ok=True)
-        self.cgroups = CgroupParent.find()
-        if self.cgroups is not None:
-            self.cgroups.sweep()
-            atexit.register(self.cgroups.remove_own)
-        else:
-            _log.warning("no cgroup to write: each sandboxed process is capped at its memory limit, "
-                         "not the program as a whole")
-
-    @classmethod
-    def get(cls) -> _Host:
-        with cls._lock:
-            if cls._instance is None or cls._instance.pid != os.getpid():
-                cls._instance = _Host()
-            return cls._instance
-
-    def acquire_slot(self) -> int:
-        with self.slot_lock:
-            if not self.free:
-                raise RuntimeError(f"more than {SLOTS} programs at once")
-            return self.free.pop()
-
-    def release_slot(self, slot: int) -> None:
-        with self.slot_lock:
-            self.free.append(slot)
-
-    def prebinds(self) -> list[tuple[bytes, bytes]]:
-        return [(prefix.encode(), f"{PREBIND_DIR}/prefix-{i}".encode()) for i, prefix in enumerate(self.prefixes)]
-
-    def prefix_binds(self, root: bool) -> list[tuple[str, str]]:
-        """bwrap's (source, target) for each prefix: the prebound mount point as root."""
-        return [(f"{PREBIND_DIR}/prefix-{i}" if root else prefix, prefix) for i, prefix in enumerate(self.prefixes)]
-
-
-def _interpreter_prefixes() -> list[str]:
-    """Our interpreter's prefixes outside the system directories, outermost only."""
-    candidates = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
-    covered = [d for d in SYSTEM_DIRS if os.path.isdir(d) and not os.path.islink(d)]
-    kept: list[str] = []
-    for prefix in sorted(os.path.realpath(p) for p in candidates if os.path.isdir(p)):
-        if not any(prefix == d or prefix.startswith(d.rstrip("/") + "/") for d in covered + kept):
-            kept.append(prefix)
-    return kept
-
-
-def _sweep_uids() -> None:
-    """Kill processes of throw-away uids whose evaluator is gone (or had our pid)."""
-    for _ in range(20):
-        victims = []
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                owner = sandbox_uid_owner(os.stat(entry.path).st_uid)
-                if owner is None or (owner != os.getpid() and alive(owner)):
-                    continue
-                with open(f"{entry.path}/stat") as handle:
-                    if handle.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        continue  # dead already, awaiting its parent
-            except (OSError, IndexError):
-                continue
-            victims.append(int(entry.name))
-        if not victims:
-            return
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
-
-
-class _Init:
-    """The sandbox's init (bwrap's child, named on --info-fd), held by a pidfd.
-    Its exit ends every other process of the PID namespace (the kernel kills
-    them and waits for them first), so once it is gone nothing of the program
-    runs any more. bwrap itself may exit a moment before it."""
-
-    def __init__(self, process: subprocess.Popen, info_fd: int, timeout: float) -> None:
-        self.fd: int | None = None
-        data, deadline = b"", time.monotonic() + timeout
-        while True:
-            try:
-                child = json.loads(data)["child-pid"]
-                break
-            except (ValueError, KeyError, TypeError):
-                pass
-            ready, _, _ = select.select([info_fd], [], [], max(0.0, deadline - time.monotonic()))
-            chunk = os.read(info_fd, 4096) if ready else b""
-            if not chunk:
-                return  # bwrap failed before it made the sandbox
-            data += chunk
-        try:
-            fd = os.pidfd_open(child)
-        except OSError:
-            return
-        # Still bwrap's child, so the pid was not reused: the pidfd is the init's.
-        if _parent_pid(child) == process.pid:
-            self.fd = fd
-        else:
-            os.close(fd)
-
-    def kill(self) -> None:
-        if self.fd is not None:
-            try:
-                signal.pidfd_send_signal(self.fd, signal.SIGKILL)
-            except OSError:
-                pass
-
-    def wait_gone(self, timeout: float) -> None:
-        if self.fd is not None:
-            select.select([self.fd], [], [], timeout)
-
-
-def _parent_pid(pid: int) -> int | None:
+def program_bytes(source: str, limits: SandboxLimits) -> bytes:
+    """The program file's bytes, or _Rejected naming why there can be none."""
     try:
-        with open(f"/proc/{pid}/status") as handle:
-            return next(int(line.split()[1]) for line in handle if line.startswith("PPid:"))
-    except (OSError, StopIteration, ValueError):
-        return None
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _normalized(returncode: int) -> int:
-    """bwrap reports a program killed by signal N as exit 128 + N; give it back as -N."""
-    return -(returncode - 128) if 128 < returncode < 128 + signal.NSIG else returncode
-
-
-def _read_channel(fd: int) -> bytes:
-    os.set_blocking(fd, False)
-    data = b""
-    try:
-        while len(data) < 4096:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            data += chunk
-    except BlockingIOError:
-        pass
+        data = source.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise _Rejected(f"the program is not valid text (not encodable as UTF-8: {error.reason} "
+                        f"at character {error.start})") from None
+    cap = min(limits.max_file_bytes, limits.max_disk_bytes)
+    if len(data) > cap:
+        raise _Rejected(f"the program is {len(data)} bytes, over the sandbox's file-size cap of {cap} bytes")
     return data
 
 
-def _read_capped(fd: int, limit: int) -> str:
-    return os.pread(fd, limit, 0).decode("utf-8", errors="replace")
+def _rejected(error: _Rejected) -> ExecutionResult:
+    return ExecutionResult(passed=False, status="failed", returncode=None, stdout="", stderr=f"sandbox: {error}\n",
+                           seconds=0.0, containment="not run")
+
+
+def _run(source: str, limits: SandboxLimits, bootstrap: str, extra_fds: tuple[int, ...] = (),
+         during: Callable[[float], bool] | None = None) -> tuple[ExecutionResult, bytes]:
+    """Run one program; returns how it ended and what its bootstrap reported.
+    `extra_fds` (owned by this call from now on) are passed to the program, their
+    numbers appended to the bootstrap's argv. `during(deadline)`, called once the
+    sandbox runs, waits for a companion of the program (the trusted side of
+    run_calls) and says whether it finished in time; the program is ended after it."""
+    run = _Run(limits, extra_fds)
+    try:
+        try:
+            data = program_bytes(source, limits)
+        except _Rejected as error:
+            return _rejected(error), b""
+        run.start(data, bootstrap)
+        return run.result(run.wait(during))
+    finally:
+        run.close()
+
+
+class _Run:
+    """One program in its sandbox, from start to the release of its slot."""
+
+    def __init__(self, limits: SandboxLimits, extra_fds: tuple[int, ...]) -> None:
+        self.limits, self.extra_fds, self.fds = limits, tuple(extra_fds), list(extra_fds)
+        self.host: Host | None = None
+        self.slot: int | None = None
+        self.uid: int | None = None
+        self.cgroup = None
+        self.process: subprocess.Popen | None = None
+        self.init: Init | None = None
+        self.gone, self.ended, self.ended_itself, self.seconds = True, False, False, 0.0
+
+    def start(self, data: bytes, bootstrap: str) -> None:
+        limits = self.limits
+        bwrap, seccomp = bwrap_path(), _seccomp_filter()
+        try:
+            self.host = host = Host.get()
+        except PermissionError as error:  # a state directory others may write
+            raise SandboxUnavailable(f"cannot keep the sandbox's records safely: {error}") from error
+        self.slot, self.uid = host.acquire_slot()
+        if host.cgroups is not None:
+            self.cgroup = host.cgroups.create(self.slot, limits.memory_bytes, limits.max_processes + 2)
+        source_fd, self.stdout_fd, self.stderr_fd, seccomp_fd = (self._keep(os.memfd_create(name)) for name in
+                                                                  ("program", "stdout", "stderr", "seccomp"))
+        for fd, content in ((source_fd, data), (seccomp_fd, seccomp)):
+            os.write(fd, content)
+            os.lseek(fd, 0, os.SEEK_SET)
+        self.channel_r, channel_w = (self._keep(fd) for fd in os.pipe())
+        info_r, info_w = (self._keep(fd) for fd in os.pipe())
+        passed = (source_fd, seccomp_fd, channel_w, info_w, *self.extra_fds)
+        args = bwrap_args(bwrap, limits, host.prefix_binds(), source_fd, seccomp_fd, info_w)
+        args += [sys.executable, "-I", "-c", bootstrap, str(channel_w), str(nproc_limit(limits, self.uid is not None)),
+                 *map(str, self.extra_fds)]
+        contain = Contain(uid=self.uid, limits=limits, cgroup_procs=self.cgroup.procs_files() if self.cgroup else [],
+                           prebinds=host.prebinds() if self.uid is not None else [], parent=os.getpid())
+        self.start_time = time.monotonic()
+        try:
+            self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=self.stdout_fd,
+                                            stderr=self.stderr_fd, env={}, pass_fds=passed, start_new_session=True,
+                                            preexec_fn=contain)
+        except (OSError, subprocess.SubprocessError) as error:
+            raise SandboxUnavailable(f"could not start the sandbox: {error}") from error
+        self.gone = False
+        for fd in passed:  # the program's ends: its exit must be seen as EOF
+            os.close(fd)
+            self.fds.remove(fd)
+        self.init = Init(self.process, info_r, limits.wall_seconds)
+        if self.init.fd is not None:
+            self._keep(self.init.fd)
+
+    def _keep(self, fd: int) -> int:
+        self.fds.append(fd)
+        return fd
+
+    def wait(self, during: Callable[[float], bool] | None) -> bool:
+        """Until the program exits (or `during` returns) or its wall time is up;
+        then end it. True when it finished in time."""
+        deadline = self.start_time + self.limits.wall_seconds
+        finished = (during or until_exit(self.process))(deadline)
+        if during is not None and finished:
+            until_exit(self.process)(min(deadline, time.monotonic() + EXIT_GRACE_SECONDS))
+        self.ended_itself = self.process.poll() is not None
+        self.end()
+        self.seconds = time.monotonic() - self.start_time
+        return finished
+
+    def end(self) -> None:
+        """Nothing of the program runs after this (unless its init refuses to die)."""
+        if self.process is None or self.ended:
+            return
+        self.ended = True
+        self.gone = end_sandbox(self.process, self.init)
+        if self.cgroup is not None:
+            self.cgroup.destroy()
+            self.cgroup, self.gone = None, True
+
+    def result(self, finished: bool) -> tuple[ExecutionResult, bytes]:
+        limits, process = self.limits, self.process
+        records = read_channel(self.channel_r)
+        stderr = read_capped(self.stderr_fd, limits.max_output_bytes)
+        if self.ended_itself and finished and not records.startswith(b"started\n"):
+            raise SandboxUnavailable(f"the sandbox did not start (bwrap exit {process.returncode}; a limit too "
+                                     f"small for the interpreter, or no user namespaces here?): {stderr.strip()[-2000:]}")
+        returncode = normalized(process.returncode)
+        cpu_killed = returncode in (-signal.SIGXCPU, -signal.SIGKILL) and self.seconds >= limits.cpu_seconds * 0.9
+        result = ExecutionResult(
+            passed=False,
+            status="timeout" if not finished or cpu_killed else "failed",
+            returncode=returncode if finished else None,
+            stdout=read_capped(self.stdout_fd, limits.max_output_bytes),
+            stderr=stderr,
+            seconds=self.seconds,
+            containment=self.host.containment,
+        )
+        return result, records
+
+    def close(self) -> None:
+        self.end()  # an error between start and end must not leave the program running
+        if self.cgroup is not None:
+            self.cgroup.destroy()
+            self.gone = True
+        close_all(self.fds)
+        if self.slot is not None:
+            self.host.release_slot(self.slot, self.uid, self.gone)

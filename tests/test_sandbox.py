@@ -19,6 +19,7 @@ import eval.sandbox as sandbox
 from eval.benchmarks.mbpp import MBPP
 from eval.sandbox import SHARED_WRITABLE_DIRS, SandboxLimits, run_many, run_tests
 from eval.sandbox_cgroup import CgroupParent, join as join_cgroup
+from eval.sandbox_host import Evaluator, UidRecords
 
 REPO = Path(__file__).resolve().parent.parent
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5, memory_bytes=1 << 30, max_processes=16)
@@ -337,6 +338,7 @@ def test_a_new_evaluator_sweeps_what_a_killed_one_left():
     gone = subprocess.Popen(["true"])
     gone.wait()  # an evaluator pid that no longer runs
     uid = sandbox.sandbox_uid(gone.pid, 7)
+    UidRecords().issue(uid, Evaluator(gone.pid, 1))  # as that evaluator did before it used the uid
     stray = subprocess.Popen(["sleep", "300"], user=uid, group=uid, extra_groups=[])
     strays, cgroup = [stray], None
     parent = CgroupParent.find()
@@ -358,6 +360,7 @@ def test_a_new_evaluator_sweeps_what_a_killed_one_left():
         if cgroup is not None:
             cgroup.destroy()
             parent.sweep()
+        UidRecords().release(uid)
 
 
 def test_without_bubblewrap_no_program_runs(monkeypatch):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from eval.sandbox import ExecutionResult
 
 
 @dataclass
@@ -22,16 +25,24 @@ class Request:
 
 @dataclass
 class Score:
-    """Quality of one answer: `passed` for executed tests, `value` in [0, 1]."""
+    """Quality of one answer: `passed` for executed tests, `value` in [0, 1];
+    `containment`: what the program ran under and where its tests ran (executed only)."""
 
     value: float
     passed: bool | None = None
     detail: str = ""
+    containment: str = ""
 
 
 def streamable(requests: list[Request]) -> list[Request]:
     """PROTOCOL.md: requests of a single segment have nothing to stream and are excluded."""
     return [request for request in requests if len(request.segments) >= 2]
+
+
+def execution_score(result: ExecutionResult) -> Score:
+    """The score of an executed program: pass or fail, its status, its containment."""
+    return Score(value=float(result.passed), passed=result.passed, detail=result.status,
+                 containment=result.containment)
 
 
 class Benchmark(Protocol):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eval.benchmarks.base import Request, Score, streamable
+from eval.benchmarks.base import Request, Score, execution_score, streamable
 from eval.benchmarks.imports import missing_modules, skipped_detail
 from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import extract_code
@@ -51,5 +51,5 @@ class CanItEdit:
             return Score(value=0.0, passed=None, detail=skipped_detail(missing))
         # The edited program is the whole answer's code; the tests follow it.
         program = f"{extract_code(answer)}\n\n{request.reference['tests']}\n"
-        result = run_tests(program, self.limits)
-        return Score(value=float(result.passed), passed=result.passed, detail=result.status)
+        # In the program's process (the tests use its classes and state): see eval/sandbox.py.
+        return execution_score(run_tests(program, self.limits))

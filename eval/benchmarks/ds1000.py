@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eval.benchmarks.base import Request, Score, streamable
+from eval.benchmarks.base import Request, Score, execution_score, streamable
 from eval.benchmarks.imports import missing_modules, skipped_detail
 from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import ds1000_postprocess
@@ -66,5 +66,5 @@ class DS1000:
         if missing:
             return Score(value=0.0, passed=None, detail=skipped_detail(missing))
         program = test_program(request.reference["code_context"], ds1000_postprocess(answer))
-        result = run_tests(program, self.limits)
-        return Score(value=float(result.passed), passed=result.passed, detail=result.status)
+        # In the program's process (the official tests take its namespace whole): see eval/sandbox.py.
+        return execution_score(run_tests(program, self.limits))

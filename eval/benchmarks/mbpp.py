@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+import builtins
 import re
 from typing import Any
 
-from eval.benchmarks.base import Request, Score, streamable
+from eval.benchmarks.base import Request, Score, execution_score, streamable
 from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import extract_code
 from eval.sandbox import SandboxLimits, run_tests
+from eval.sandbox_calls import TrustedTests, run_calls
 from headstart.segment import segment_mbpp
 
 # The test split (hub id, config, task ids 11-510): the rows the decontamination filter indexes.
@@ -20,6 +23,43 @@ def entry_point(tests: list[str]) -> str | None:
     """The function the asserts call first (`assert name(`)."""
     match = re.search(r"assert\s+\(?\s*([A-Za-z_]\w*)\s*\(", tests[0]) if tests else None
     return match.group(1) if match else None
+
+
+def program_names(tests: list[str], setup: str, entry: str | None) -> tuple[str, ...] | None:
+    """The program's functions the asserts call (the entry point, and any other name
+    neither the asserts, their setup nor the builtins define), when the tests can run
+    apart from the program: every such name is only ever called. None when they
+    cannot (the setup builds objects of the program's classes, task 367)."""
+    try:
+        setup_tree, test_tree = ast.parse(setup), ast.parse("\n".join(tests))
+    except SyntaxError:
+        return None
+    defined = _bound(setup_tree) | _bound(test_tree) | set(dir(builtins))
+    if _loaded(setup_tree) - defined:
+        return None
+    names = (_loaded(test_tree) - defined) | ({entry} if entry else set())
+    loads = sorted(node.id for node in ast.walk(test_tree) if isinstance(node, ast.Name) and node.id in names)
+    calls = sorted(node.func.id for node in ast.walk(test_tree)
+                   if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names)
+    return tuple(sorted(names)) if names and loads == calls else None
+
+
+def _loaded(tree: ast.AST) -> set[str]:
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+
+
+def _bound(tree: ast.AST) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+    return names
 
 
 class MBPP:
@@ -50,6 +90,9 @@ class MBPP:
     def score(self, request: Request, answer: str) -> Score:
         ref = request.reference
         code = extract_code(answer, ref["entry_point"])
-        program = "\n".join([ref["setup"], code, "", *ref["tests"]]) + "\n"
-        result = run_tests(program, self.limits)
-        return Score(value=float(result.passed), passed=result.passed, detail=result.status)
+        names = program_names(ref["tests"], ref["setup"], ref["entry_point"])
+        if names is None:  # the tests need the program's objects (its setup builds them): in its process
+            return execution_score(run_tests("\n".join([code, "", ref["setup"], *ref["tests"]]) + "\n", self.limits))
+        # The asserts run in a trusted process; the program only answers calls of its functions.
+        job = TrustedTests(prelude=ref["setup"], body="\n".join(ref["tests"]) + "\n", proxies=names)
+        return execution_score(run_calls("\n".join([ref["setup"], code]) + "\n", job, self.limits))

