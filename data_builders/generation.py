@@ -26,7 +26,7 @@ from tqdm import tqdm
 from data_builders.answer_cache import AnswerCache, answer_key
 from headstart.models import default_device, end_token_ids
 from headstart.prompts import build_messages, render_prompt
-from headstart.vllm_client import VLLMEngines, VLLMSettings, vllm_dtype, vllm_model, vllm_unavailable
+from headstart.vllm_client import VLLMEngines, VLLMSettings, needed_model_len, vllm_dtype, vllm_model, vllm_unavailable
 
 Generate = Callable[[list[str]], list[tuple[str, bool]]]  # prompts -> (answer, finished) each
 
@@ -56,7 +56,9 @@ def greedy_answers_finished(
         for batch in tqdm(batches, desc=desc, unit="batch"):
             if all(key in cache for key, _ in batch):
                 continue
-            generate = generate or _backend(settings, engines)
+            if generate is None:  # what is left to generate bounds the prompts vLLM reserves cache for
+                pending = [prompt for later in batches if not all(key in cache for key, _ in later) for _, prompt in later]
+                generate = _backend(settings, engines, pending)
             outputs = generate([prompt for _, prompt in batch])
             cache.add([{"key": k, "model": settings.model, "answer": a, "finished": done}
                        for (k, _), (a, done) in zip(batch, outputs)])
@@ -84,13 +86,13 @@ def _tokenizer(model: str):
     return _TOKENIZERS[model]
 
 
-def _backend(settings: GenerationSettings, engines: ExitStack) -> Generate:
+def _backend(settings: GenerationSettings, engines: ExitStack, pending: list[str]) -> Generate:
     backend = settings.backend
     if backend == "auto":
         on_gpu = torch.cuda.is_available()  # auto: vLLM where it pays, a GPU with a GPU build of vLLM
         backend = "vllm" if on_gpu and vllm_unavailable(settings.vllm, "cuda") is None else "transformers"
     if backend == "vllm":
-        return _vllm_backend(settings, engines)
+        return _vllm_backend(settings, engines, pending)
     if backend == "transformers":
         return _transformers_backend(settings)
     raise ValueError(f"generation.backend must be auto, transformers or vllm, not {backend!r}")
@@ -124,9 +126,10 @@ def _transformers_backend(settings: GenerationSettings) -> Generate:
     return generate
 
 
-def _vllm_backend(settings: GenerationSettings, engines: ExitStack) -> Generate:
+def _vllm_backend(settings: GenerationSettings, engines: ExitStack, pending: list[str]) -> Generate:
     """vLLM engines on the model (an adapter directory through vLLM's LoRA), in the dtype the
-    transformers path uses; token ids in and out, encoded and decoded as the transformers path does."""
+    transformers path uses, with cache for the longest of the `pending` prompts and its answer;
+    token ids in and out, encoded and decoded as the transformers path does."""
     from transformers import GenerationConfig
 
     tokenizer = _tokenizer(settings.model)
@@ -137,7 +140,9 @@ def _vllm_backend(settings: GenerationSettings, engines: ExitStack) -> Generate:
         configured = None
     eos = end_token_ids(tokenizer, configured)
     device = settings.device or default_device()
-    vllm = engines.enter_context(VLLMEngines(model, settings.vllm, vllm_dtype(None, device), device))
+    longest = max(len(ids) for ids in tokenizer(pending, add_special_tokens=False)["input_ids"])
+    needed = needed_model_len(longest, settings.max_new_tokens)
+    vllm = engines.enter_context(VLLMEngines(model, settings.vllm, vllm_dtype(None, device), device, needed))
 
     def generate(prompts: list[str]) -> list[tuple[str, bool]]:
         # Token ids, as the transformers path feeds them: the template already holds BOS.

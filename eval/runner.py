@@ -26,11 +26,12 @@ from eval.reporting.tables import markdown_table
 from eval.shards import Shard, merge_into, merged_records, parse_shard, shard_dir, write_manifest
 from eval.reporting.typing_report import typing_report
 from headstart.config import config_to_dict, dump_config
-from headstart.models import LoadedModel, default_device, load_model, weights_fingerprint
+from headstart.devices import resolve_device
+from headstart.models import LoadedModel, load_model, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 from headstart.refusion import mask_token_id
 from headstart.segment import prefixes
-from headstart.vllm_client import vllm_unavailable
+from headstart.vllm_client import needed_model_len, vllm_unavailable
 
 # Settings that change the numbers, beside the decode settings' own (DecodeSpec.result_keys):
 # a resumed run must match on all of them.
@@ -50,7 +51,8 @@ EVALUATOR_FILES = ("results.jsonl", "summary.json", "report.md", "config.yaml")
 class StreamingEvaluator:
     """Evaluates requests one at a time with the configured engine, baseline included."""
 
-    def __init__(self, loaded: LoadedModel, config: EvalConfig) -> None:
+    def __init__(self, loaded: LoadedModel, config: EvalConfig, requests: list[Request] | None = None) -> None:
+        """`requests`: what it will evaluate, for the drafting cache vLLM reserves (None: the model's context)."""
         self.loaded = loaded
         self.config = config
         self.decode = config.decode
@@ -58,7 +60,8 @@ class StreamingEvaluator:
         self.fast = self.decode.fast
         self.engine = build_engine(loaded, self.decode)
         self.system = resolve_system_message(config.system_prompt, config.adapter or config.model)
-        self.drafter = build_drafter(loaded, config, self.engine.eos_token_ids) if self.fast else None
+        eos = self.engine.eos_token_ids
+        self.drafter = build_drafter(loaded, config, eos, self.needed_model_len(requests)) if self.fast else None
 
     def close(self) -> None:
         """Stop the drafting engines (vLLM's processes); the transformers model stays loaded."""
@@ -67,11 +70,18 @@ class StreamingEvaluator:
 
     def prompts(self, request: Request) -> list[list[int]]:
         """Token ids of the templated prompt after each segment S_1..S_n."""
-        tokenizer, family = self.loaded.tokenizer, self.loaded.family
-        return [
-            encode_prompt(tokenizer, build_messages(known, request.history, self.system), family)
-            for known in prefixes(request.segments)
-        ]
+        return [self._encode(request, known) for known in prefixes(request.segments)]
+
+    def _encode(self, request: Request, known: str) -> list[int]:
+        return encode_prompt(self.loaded.tokenizer, build_messages(known, request.history, self.system), self.loaded.family)
+
+    def needed_model_len(self, requests: list[Request] | None) -> int | None:
+        """The longest prompt + answer vLLM drafting is sent (the whole request S_n bounds every
+        prefix); None without requests, or when drafting is not on vLLM."""
+        if not requests or self.config.backend != "vllm":
+            return None
+        longest = max(len(self._encode(request, "".join(request.segments))) for request in requests)
+        return needed_model_len(longest, self.decode.max_new_tokens)
 
     def warm_up(self, request: Request) -> None:
         """One untimed decode so that wall clock is measured on a warm model."""
@@ -171,13 +181,14 @@ class StreamingEvaluator:
         return record
 
 
-def build_drafter(loaded: LoadedModel, config: EvalConfig, eos: set[int]) -> Drafter:
+def build_drafter(loaded: LoadedModel, config: EvalConfig, eos: set[int], needed_len: int | None = None) -> Drafter:
     """What the fast path drafts on: the loaded model, or vLLM engines on the same weights
     (`backend=vllm`; the timed residual phase and the baselines stay on the loaded model)."""
     if config.backend == "vllm":
         from eval.engines.vllm_drafter import VLLMDrafter
 
-        return VLLMDrafter.start(config.model, config.adapter, config.vllm, config.dtype, str(loaded.model.device), eos)
+        return VLLMDrafter.start(config.model, config.adapter, config.vllm, config.dtype, str(loaded.model.device), eos,
+                                 needed_len)
     return TransformersDrafter(loaded.model, loaded.tokenizer.pad_token_id, eos, config.fast_batch_size)
 
 
@@ -220,13 +231,14 @@ def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None
     the results already in output_dir (same settings, same bytes) and, for a run that
     was sharded, its shards (all there, finished, same settings; eval.shards)."""
     output_dir = Path(config.output_dir) if config.output_dir else default_output_dir(config)
+    device = resolve_device(config.device)  # a GPU asked for where CUDA is unusable: refused here, not run on CPU
     benchmark = get_benchmark(config.benchmark, config.data_path, config.sandbox_cpu_seconds)
     if requests is None:
         requests = benchmark.load(None if config.limit == 0 else config.limit)
     if not requests:
         source = config.data_path or "its default source"
         raise ValueError(f"{config.benchmark}: no request with two or more segments in {source}: nothing to evaluate")
-    if config.backend == "vllm" and (reason := vllm_unavailable(config.vllm, config.device or default_device())):
+    if config.backend == "vllm" and (reason := vllm_unavailable(config.vllm, device)):
         raise ValueError(f"backend=vllm: {reason}")
     current = result_settings(config)
     shard = parse_shard(config.shard)
@@ -276,7 +288,7 @@ def run_evaluation(
         if callable(loaded):
             loaded = loaded()
         loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
-        evaluator = StreamingEvaluator(loaded, config)
+        evaluator = StreamingEvaluator(loaded, config, todo)
         try:
             evaluator.warm_up(todo[0])
             shard = f" shard {prepared.shard}" if prepared.shard else ""
@@ -326,10 +338,12 @@ def decode_label(decode: DecodeSpec) -> str:
 
 
 def _scores(benchmark, request: Request, record: dict[str, Any]) -> dict[str, Any]:
-    """Score both answers; identical answers are executed once."""
+    """Score both answers; identical answers are executed once. `containment`: what the
+    executed programs ran under, and where their tests ran (eval/sandbox.py)."""
     base = benchmark.score(request, record["base_answer"])
     stream = base if record["stream_answer"] == record["base_answer"] else benchmark.score(request, record["stream_answer"])
-    return {"base_score": base.value, "stream_score": stream.value, "base_status": base.detail, "stream_status": stream.detail}
+    return {"base_score": base.value, "stream_score": stream.value, "base_status": base.detail, "stream_status": stream.detail,
+            "containment": "; ".join(sorted({base.containment, stream.containment} - {""}))}
 
 
 def result_settings(config: EvalConfig) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from transformers import AutoConfig, PretrainedConfig
 
 from headstart.models import adapter_base, default_dtype, resolve_model_dir
 
@@ -29,6 +30,11 @@ WORKER = Path(__file__).with_name("vllm_worker.py")
 DEFAULT_VENV = ROOT / ".venv-vllm"
 # The LoRA ranks vLLM can reserve room for (vllm.config.lora.MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+GIB = 1024**3
+# vLLM's own default share of a GPU: a sized share never exceeds it, so a run on an empty GPU
+# starts as it did with vLLM's default.
+VLLM_DEFAULT_UTILIZATION = 0.9
+GPUMemory = dict[int, tuple[int, int]]  # GPU index in this process -> (free, total) bytes, torch.cuda.mem_get_info
 
 
 @dataclass
@@ -38,8 +44,9 @@ class VLLMSettings:
     python: Optional[str] = field(default=None, metadata={"help": "Interpreter of the vLLM environment; null: $HEADSTART_VLLM_PYTHON, else .venv-vllm/bin/python of this checkout (scripts/setup_vllm.sh)."})
     tensor_parallel_size: int = field(default=1, metadata={"help": "GPUs each engine shards the model over (vLLM tensor parallelism)."})
     data_parallel_size: int = field(default=1, metadata={"help": "Independent engines, each on tensor_parallel_size GPUs of its own; every batch is split among them."})
-    max_model_len: Optional[int] = field(default=None, metadata={"help": "Longest prompt + answer in tokens the engine reserves cache for; null: the model's."})
-    gpu_memory_utilization: float = field(default=0.9, metadata={"help": "GPU: share of each GPU's memory vLLM may take (weights and KV cache)."})
+    max_model_len: Optional[int] = field(default=None, metadata={"help": "Longest prompt + answer in tokens the engine reserves cache for; null: what the run needs (its longest prompt + max_new_tokens + 1), the model's only where a caller does not know its prompts; a value below the run's need is refused."})
+    gpu_memory_utilization: Optional[float] = field(default=None, metadata={"help": "GPU: share of each GPU's memory vLLM may take (weights and KV cache); null: what is free on the engine's GPUs at its start less gpu_memory_margin_gib, at most 0.9 (the evaluator's transformers model shares the GPU); a value above what is free is refused."})
+    gpu_memory_margin_gib: float = field(default=4.0, metadata={"help": "GPU, gpu_memory_utilization null: GiB left free beside vLLM on each of its GPUs (vLLM's CUDA context, the transformers model's working memory)."})
     cpu_kv_cache_gib: int = field(default=4, metadata={"help": "CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."})
     cpu_threads_bind: str = field(default="auto", metadata={"help": "CPU: cores the engine's threads are bound to (VLLM_CPU_OMP_THREADS_BIND, e.g. '0' for one, 'nobind')."})
     enforce_eager: Optional[bool] = field(default=None, metadata={"help": "Run the model without compiling it; null: eager on CPU (compiling takes minutes there), vLLM's default (compiled, CUDA graphs) on GPU."})
@@ -48,6 +55,10 @@ class VLLMSettings:
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
             raise ValueError("vllm.tensor_parallel_size and vllm.data_parallel_size must be >= 1")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"vllm.gpu_memory_utilization must be in (0, 1] or null, not {self.gpu_memory_utilization}")
+        if self.gpu_memory_margin_gib < 0:
+            raise ValueError(f"vllm.gpu_memory_margin_gib must be >= 0, not {self.gpu_memory_margin_gib}")
 
 
 def vllm_python(settings: VLLMSettings | None = None) -> Path:
@@ -116,36 +127,26 @@ class VLLMEngines:
     """`data_parallel_size` vLLM workers on one model; each operation is split among them
     and its results come back in the input order. Close it (or use `with`) to stop them."""
 
-    def __init__(self, model: VLLMModel, settings: VLLMSettings, dtype: str = "float32", device: str = "cpu") -> None:
+    def __init__(self, model: VLLMModel, settings: VLLMSettings, dtype: str = "float32", device: str = "cpu",
+                 needed_model_len: int | None = None) -> None:
+        """`needed_model_len`: the longest prompt + answer the run sends (`needed_model_len()`), what
+        the engines reserve cache for unless `settings.max_model_len` is set; None: the model's."""
         reason = vllm_unavailable(settings, device)
         if reason:
             raise RuntimeError(f"backend=vllm: {reason}")
         self.model = model
         self.settings = settings
         self.workers: list[subprocess.Popen] = []
-        llm = {
-            "model": model.model_dir,
-            "dtype": dtype,
-            "seed": settings.seed,
-            "tensor_parallel_size": settings.tensor_parallel_size,
-            "skip_tokenizer_init": True,  # ids in, ids out: the main process tokenizes
-            "generation_config": "vllm",  # no sampling defaults (e.g. a repetition penalty) from the model's files
-        }
-        if settings.max_model_len:
-            llm["max_model_len"] = settings.max_model_len
-        if model.lora_path:
-            llm |= {"enable_lora": True, "max_lora_rank": model.lora_rank, "max_loras": 1}
         gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
-        eager = settings.enforce_eager if settings.enforce_eager is not None else not gpus
-        if eager:
-            llm["enforce_eager"] = True
-        if gpus:
-            llm["gpu_memory_utilization"] = settings.gpu_memory_utilization
-            if settings.data_parallel_size * settings.tensor_parallel_size > gpus:
-                raise ValueError(f"vllm: data_parallel_size {settings.data_parallel_size} x tensor_parallel_size "
-                                 f"{settings.tensor_parallel_size} GPUs asked, {gpus} present")
+        if gpus and settings.data_parallel_size * settings.tensor_parallel_size > gpus:
+            raise ValueError(f"vllm: data_parallel_size {settings.data_parallel_size} x tensor_parallel_size "
+                             f"{settings.tensor_parallel_size} GPUs asked, {gpus} present")
+        # Sized now, before any engine starts: the engines' GPUs are disjoint, so one engine's start
+        # does not change what another finds free.
+        args = [engine_args(model, settings, dtype, needed_model_len, engine_gpu_memory(rank, settings) if gpus else None)
+                for rank in range(settings.data_parallel_size)]
         try:
-            for rank in range(settings.data_parallel_size):
+            for rank, llm in enumerate(args):
                 self.workers.append(self._start(rank, llm, gpus))
             self.version = [self._read(worker)["vllm"] for worker in self.workers][0]
         except BaseException:
@@ -236,6 +237,104 @@ class VLLMEngines:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def engine_args(model: VLLMModel, settings: VLLMSettings, dtype: str, needed_model_len: int | None,
+                gpu_memory: GPUMemory | None = None) -> dict:
+    """The `LLM(...)` arguments of one engine: on the GPUs `gpu_memory` describes, on the CPU when None."""
+    config = AutoConfig.from_pretrained(model.model_dir)
+    llm = {
+        "model": model.model_dir,
+        "dtype": dtype,
+        "seed": settings.seed,
+        "tensor_parallel_size": settings.tensor_parallel_size,
+        "skip_tokenizer_init": True,  # ids in, ids out: the main process tokenizes
+        "generation_config": "vllm",  # no sampling defaults (e.g. a repetition penalty) from the model's files
+    }
+    if is_multimodal(config):
+        # vLLM builds the multimodal processor from the tokenizer even for text prompts, and fails
+        # without one (vllm-project/vllm#31123): keep it, and take no images, which also skips the
+        # vision tower. Image is Gemma-3's only modality.
+        llm |= {"skip_tokenizer_init": False, "tokenizer": model.model_dir, "limit_mm_per_prompt": {"image": 0}}
+    max_model_len = model_len(settings, needed_model_len, config, model.model_dir)
+    if max_model_len:
+        llm["max_model_len"] = max_model_len
+    if model.lora_path:
+        llm |= {"enable_lora": True, "max_lora_rank": model.lora_rank, "max_loras": 1}
+    eager = settings.enforce_eager if settings.enforce_eager is not None else gpu_memory is None
+    if eager:
+        llm["enforce_eager"] = True
+    if gpu_memory is not None:
+        llm["gpu_memory_utilization"] = engine_gpu_memory_utilization(settings, gpu_memory)
+    return llm
+
+
+def is_multimodal(config: PretrainedConfig) -> bool:
+    """Whether vLLM loads the model as a multimodal one (Gemma-3 from 4B on is
+    Gemma3ForConditionalGeneration, with a vision tower)."""
+    return getattr(config, "vision_config", None) is not None or \
+        "Gemma3ForConditionalGeneration" in (getattr(config, "architectures", None) or [])
+
+
+def needed_model_len(longest_prompt: int, max_new_tokens: int) -> int:
+    """The max_model_len a run needs: its longest prompt and answer, plus one, since a verify pass
+    sends a prompt with its whole draft, asks for one token, and vLLM refuses a prompt that fills
+    max_model_len."""
+    return longest_prompt + max_new_tokens + 1
+
+
+def model_len(settings: VLLMSettings, needed: int | None, config: PretrainedConfig, model_dir: str) -> int | None:
+    """The engine's max_model_len: vllm.max_model_len when set (refused below what the run needs), else
+    what the run needs (refused above the model's positions), else None: vLLM takes the model's, which
+    for a long-context model (Llama-3.1: 131072) reserves cache for far more than a run sends."""
+    if settings.max_model_len:
+        if needed and settings.max_model_len < needed:
+            raise ValueError(f"vllm.max_model_len={settings.max_model_len} is below the {needed} tokens this run needs "
+                             "(longest prompt + max_new_tokens + 1): raise it, or leave it null")
+        return settings.max_model_len
+    positions = getattr(config.get_text_config(), "max_position_embeddings", None)
+    if needed and positions and needed > positions:
+        raise ValueError(f"vllm: this run needs {needed} tokens (longest prompt + max_new_tokens + 1), more than the "
+                         f"{positions} positions of {model_dir}: lower max_new_tokens or leave out the longest requests")
+    return needed
+
+
+def free_memory_share(free: int, total: int, margin: int) -> float:
+    """vLLM's gpu_memory_utilization on a GPU of `total` bytes with `free` free: the free memory less
+    `margin`, as a share of total, rounded down to 0.001 and at most vLLM's default (0.9)."""
+    share = math.floor((free - margin) / total * 1000) / 1000
+    if share <= 0:
+        raise ValueError(f"{free / GIB:.1f} GiB free of {total / GIB:.1f} GiB, not more than the margin of "
+                         f"{margin / GIB:.1f} GiB: no room for vLLM")
+    return min(share, VLLM_DEFAULT_UTILIZATION)
+
+
+def engine_gpu_memory(rank: int, settings: VLLMSettings) -> GPUMemory:
+    """Free and total memory of the GPUs engine `rank` runs on (its slice of this process's GPUs, see `_start`)."""
+    size = settings.tensor_parallel_size
+    return {index: torch.cuda.mem_get_info(index) for index in range(rank * size, (rank + 1) * size)}
+
+
+def engine_gpu_memory_utilization(settings: VLLMSettings, gpu_memory: GPUMemory) -> float:
+    """An engine's gpu_memory_utilization (one share for all its GPUs): vllm.gpu_memory_utilization when
+    set, refused when it asks more than one of them has free; else the smallest free share.
+    Sized from free memory, not by starting vLLM first: the evaluator keeps its transformers model on
+    the GPU (it times the residual phase), and vLLM's default 0.9 of a GPU started first would leave
+    too little for it (a 12B bf16 model is about 17% of an H200)."""
+    wanted = settings.gpu_memory_utilization
+    if wanted is not None:
+        for index, (free, total) in gpu_memory.items():
+            if wanted * total > free:
+                raise ValueError(f"vllm.gpu_memory_utilization={wanted} asks {wanted * total / GIB:.1f} GiB of GPU {index}, "
+                                 f"which has {free / GIB:.1f} GiB free: lower it, or leave it null to size it from free memory")
+        return wanted
+    shares = []
+    for index, (free, total) in gpu_memory.items():
+        try:
+            shares.append(free_memory_share(free, total, int(settings.gpu_memory_margin_gib * GIB)))
+        except ValueError as error:
+            raise ValueError(f"vllm: GPU {index}: {error}; free memory there or lower vllm.gpu_memory_margin_gib") from None
+    return min(shares)
 
 
 def vllm_dtype(dtype: str | torch.dtype | None, device: str) -> str:

@@ -1,9 +1,10 @@
 """The vLLM worker: runs inside the vLLM environment (scripts/setup_vllm.sh), token ids in, token ids out.
 
-Started by `headstart.vllm_client.VLLMClient` as `python headstart/vllm_worker.py`, with
+Started by `headstart.vllm_client.VLLMEngines` as `python headstart/vllm_worker.py`, with
 the interpreter of the vLLM environment. It imports nothing from headstart (whose pins
 that environment does not share) and never tokenizes: the main process encodes and
-decodes with its own tokenizer, so both backends see the same ids.
+decodes with its own tokenizer, so both backends see the same ids (a multimodal model's
+engine loads the tokenizer all the same, for its processor: `vllm_client.engine_args`).
 
 Protocol, one JSON object per line: the first line read is the engine's settings
 (`LLM(**settings["llm"])`, plus `env` set before vLLM is imported); it answers

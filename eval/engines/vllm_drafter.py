@@ -22,9 +22,11 @@ class VLLMDrafter:
 
     @classmethod
     def start(cls, model: str, adapter: str | None, settings: VLLMSettings, dtype: str | None, device: str,
-              eos_token_ids: set[int]) -> "VLLMDrafter":
-        """Engines on `model` (with `adapter` through vLLM's LoRA), in the dtype transformers uses on `device`."""
-        return cls(VLLMEngines(vllm_model(model, adapter), settings, vllm_dtype(dtype, device), device), eos_token_ids)
+              eos_token_ids: set[int], needed_model_len: int | None = None) -> "VLLMDrafter":
+        """Engines on `model` (with `adapter` through vLLM's LoRA), in the dtype transformers uses on `device`,
+        with cache for `needed_model_len` tokens (headstart.vllm_client.needed_model_len; None: the model's)."""
+        engines = VLLMEngines(vllm_model(model, adapter), settings, vllm_dtype(dtype, device), device, needed_model_len)
+        return cls(engines, eos_token_ids)
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[list[int]]:
         return self.engines.generate(prompts, max_new_tokens, self.eos_token_ids)
