@@ -41,8 +41,13 @@ from eval.reporting.tables import markdown_rows
 from eval.reporting.wandb_report import wandb_mode
 from eval.runner import load_records, run_evaluation
 from headstart.config import dump_config, run_cli
+from headstart.run_dir import check_output_dir, only_entries, write_mark
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+STUDY_KIND = "study"
+# What a study directory of an earlier version (no run record) holds: each stage's directory and file.
+STUDY_NAMES = {"config.yaml", "data", "data.work", "sweep", "train", "report", "curve", "figures", "timings.json",
+               "sweep.json", "curve.json", "study.md", "wandb"}
 CURVE_KEYS = ("forwards_stream_median", "draft_kept_mean", "single_forward_share", "quality_stream")
 
 
@@ -214,7 +219,8 @@ def curve(config: StudyConfig, report: BeforeAfterConfig, runs: dict[str, Path])
 def run_study(config: StudyConfig) -> None:
     torch.set_num_threads(config.threads)
     output = Path(config.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
+    check_output_dir(output, STUDY_KIND, legacy=lambda directory: only_entries(directory, STUDY_NAMES))
+    write_mark(output, STUDY_KIND)
     dump_config(config, output / "config.yaml")
     data_dir = output / "data"
 

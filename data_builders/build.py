@@ -33,7 +33,9 @@ from data_builders.select import choose, column, eligible_rows
 from data_builders.sources import SOURCES
 from headstart.benchmark_registry import MBPP_SPLIT_IDS
 from headstart.config import RecipeError
-from headstart.models import default_device
+from headstart.devices import check_device, resolve_device
+from headstart.run_dir import check_writable
+from headstart.devices import default_device
 from headstart.vllm_client import vllm_unavailable
 
 
@@ -64,8 +66,22 @@ def validate(config: BuildConfig) -> None:
         reason = vllm_unavailable(generation.vllm, generation.device or default_device())
         if reason:
             raise RecipeError(f"generation.backend=vllm: {reason}")
-    if config.num_proc < 1 or config.generation.batch_size < 1:
-        raise RecipeError("num_proc and generation.batch_size must be at least 1")
+    at_least = {"num_proc": (config.num_proc, 1), "generation.batch_size": (generation.batch_size, 1),
+                "generation.max_new_tokens": (generation.max_new_tokens, 1),
+                "decontamination.ngram": (config.decontamination.ngram, 1),
+                "filters.min_segments": (config.filters.min_segments, 2)}  # n = 1 has nothing to stream
+    for key, (value, least) in at_least.items():
+        if value < least:
+            raise RecipeError(f"{key} must be at least {least}, got {value}")
+    caps = config.caps
+    for key, value in {"caps.max_pairs_per_request": caps.max_pairs_per_request, "caps.max_tokens": caps.max_tokens,
+                       "caps.max_pairs": caps.max_pairs, "preview_rows": config.preview_rows}.items():
+        if value < 0:
+            raise RecipeError(f"{key} must be >= 0 (0: no limit), got {value}")
+    try:
+        check_device(generation.device, "generation.device")
+    except ValueError as error:
+        raise RecipeError(str(error)) from error
 
 
 def output_paths(config: BuildConfig) -> tuple[Path, Path]:
@@ -87,8 +103,12 @@ def tokenizer_name(config: BuildConfig) -> str | None:
 def build(config: BuildConfig, command: str = "python -m data_builders") -> Path:
     """Run every pass and return the output directory."""
     validate(config)
+    if config.generation.device:  # a GPU asked for where CUDA is unusable: refused before anything is read
+        resolve_device(config.generation.device)
     output, work = output_paths(config)
     check_replaceable(output, work)  # before anything is read or written
+    check_writable(output)  # a PermissionError after the whole build, else
+    check_writable(work, "work_dir")
     check_locations(config)
     report = Report()
     created = not work.exists()
@@ -236,15 +256,13 @@ def command_line(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from headstart.config import load_config
+    from headstart.config import cli_main, load_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        config = load_config(BuildConfig, argv)
-        output = build(config, command_line(argv))
-    except (RecipeError, FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(f"saved {output}")
-    print((output / "README.md").read_text().split("## Inputs")[0].rstrip())
-    return 0
+
+    def run() -> None:
+        output = build(load_config(BuildConfig, argv), command_line(argv))
+        print(f"saved {output}")
+        print((output / "README.md").read_text().split("## Inputs")[0].rstrip())
+
+    return cli_main(run)

@@ -24,7 +24,8 @@ import torch
 from tqdm import tqdm
 
 from data_builders.answer_cache import AnswerCache, answer_key
-from headstart.models import default_device, end_token_ids
+from headstart.devices import default_device
+from headstart.models import end_token_ids
 from headstart.prompts import build_messages, render_prompt
 from headstart.vllm_client import VLLMEngines, VLLMSettings, needed_model_len, vllm_dtype, vllm_model, vllm_unavailable
 

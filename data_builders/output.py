@@ -1,9 +1,10 @@
 """Write a build's output directory atomically: dataset, config, report, card, preview.
 
-The builder replaces only what it wrote. Each output directory holds a marker,
-`.headstart-dataset`, listing its files; a directory without it, or holding a
-file the list does not name (an adapter saved there, notes), is refused, never
-deleted. The work directory gets its own marker (`.headstart-work`), and only
+The builder replaces only what it wrote. Each output directory holds headstart's run
+record (headstart.run_dir, kind "data"), listing its files; a directory without it, or
+holding a file the list does not name (an adapter saved there, notes), is refused, never
+deleted. Builds of headstart 0.1 wrote the list to `.headstart-dataset`: it is read as
+the same record (users have datasets), and replaced by the record at the next build. The work directory gets its own marker (`.headstart-work`), and only
 the builder's own intermediate files are ever removed from it.
 """
 
@@ -21,9 +22,12 @@ from omegaconf import OmegaConf
 from data_builders.card import render_card
 from data_builders.config import BuildConfig
 from data_builders.report import Report
+from headstart.run_dir import MARK, read_mark, write_mark
 
 
-OUTPUT_MARKER = ".headstart-dataset"
+OUTPUT_MARKER = MARK
+LEGACY_OUTPUT_MARKER = ".headstart-dataset"  # headstart 0.1's marker: {"written_by", "files"[, "in_progress"]}
+RUN_KIND = "data"
 WORK_MARKER = ".headstart-work"
 # What a build writes into its work directory (datasets' map adds shard suffixes and tmp files).
 WORK_FILES = ("requests-*", "analysed-*", "pairs-*", "answers-*", "seconds.json", "tmp*")
@@ -45,15 +49,28 @@ def foreign_output_files(directory: Path) -> list[str]:
         return []
     if not directory.is_dir():
         return [directory.name]
-    present = [f for f in _files(directory) if f != OUTPUT_MARKER]
-    try:
-        marker = json.loads((directory / OUTPUT_MARKER).read_text())
-        written = set(marker["files"])
-    except (OSError, ValueError, KeyError, TypeError):
+    present = [f for f in _files(directory) if f not in (OUTPUT_MARKER, LEGACY_OUTPUT_MARKER)]
+    marker = _output_marker(directory)
+    if marker is None:
         return present
+    written = set(marker["files"])
     if marker.get("in_progress") and directory.name.endswith(".partial"):
         return []  # a save killed midway: every file in it is one it was writing
     return [f for f in present if f not in written]
+
+
+def _output_marker(directory: Path) -> dict | None:
+    """The build's record of an output directory (headstart's run record of kind "data", else
+    0.1's marker); None when there is none, or one of another kind or unreadable."""
+    try:
+        marker = read_mark(directory)
+        if marker is None:
+            marker = json.loads((directory / LEGACY_OUTPUT_MARKER).read_text())
+    except (OSError, ValueError):  # OutputDirError (a damaged record) is a ValueError
+        return None
+    if not isinstance(marker, dict) or marker.get("kind", RUN_KIND) != RUN_KIND or not isinstance(marker.get("files"), list):
+        return None
+    return marker
 
 
 def foreign_work_files(directory: Path) -> list[str]:
@@ -74,7 +91,7 @@ def check_replaceable(output: Path, work: Path) -> None:
     for directory in (output, output.with_name(output.name + ".partial"), output.with_name(output.name + ".old")):
         foreign = foreign_output_files(directory)
         if foreign:
-            marked = (directory / OUTPUT_MARKER).is_file()
+            marked = _output_marker(directory) is not None
             why = "files the data builders did not write" if marked else f"no {OUTPUT_MARKER} marker: the data builders did not create it"
             hint = "" if marked or "dataset_dict.json" not in foreign else (
                 "; a dataset built before markers existed is not replaced either: remove it yourself to rebuild it")
@@ -129,7 +146,7 @@ def save(splits: DatasetDict, config: BuildConfig, report: Report, output: Path,
     partial = output.with_name(output.name + ".partial")
     _remove_own(partial)
     partial.mkdir(parents=True)
-    (partial / OUTPUT_MARKER).write_text(json.dumps({"written_by": MARKED_BY, "files": [], "in_progress": True}) + "\n")
+    write_mark(partial, RUN_KIND, {"files": [], "in_progress": True, "command": MARKED_BY})
     splits.save_to_disk(str(partial))
     config_yaml = OmegaConf.to_yaml(OmegaConf.structured(config))
     (partial / "config.yaml").write_text(config_yaml)
@@ -139,7 +156,7 @@ def save(splits: DatasetDict, config: BuildConfig, report: Report, output: Path,
     )
     _write_preview(splits["train"], partial / "preview.jsonl", config.preview_rows)
     written = [f for f in _files(partial) if f != OUTPUT_MARKER]
-    (partial / OUTPUT_MARKER).write_text(json.dumps({"written_by": MARKED_BY, "files": written}, indent=1) + "\n")
+    write_mark(partial, RUN_KIND, {"files": written, "command": MARKED_BY})
     if output.exists():
         stale = output.with_name(output.name + ".old")
         _remove_own(stale)

@@ -26,6 +26,13 @@ from eval.runner import decode_label, load_records, prepare_evaluation, run_eval
 from eval.reporting.wandb_report import log_side
 from eval.shards import parse_shard
 from headstart.config import config_to_dict, dump_config, run_cli
+from headstart.devices import check_device, check_dtype
+from headstart.prompts import check_evaluation_system_setting
+from headstart.run_dir import check_output_dir, only_entries, write_mark
+
+KIND = "before-after"
+# What the report writes beside one directory per side (W&B's offline runs go to wandb/).
+REPORT_NAMES = {"config.yaml", "report.md", "report.html", "summary.json", "figures", "wandb"}
 
 
 @dataclass
@@ -52,6 +59,9 @@ class BeforeAfterConfig:
     def __post_init__(self) -> None:
         check_limit(self.limit)
         parse_shard(self.shard)
+        self.system_prompt = check_evaluation_system_setting(self.system_prompt)
+        check_dtype(self.dtype)
+        check_device(self.device)
         for name in self.more_adapted:
             if name in ("before", "after") or not name.replace("_", "").replace("-", "").isalnum():
                 raise ValueError(f"more_adapted: side name {name!r} must be a plain name other than before/after")
@@ -89,12 +99,14 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
     unknown = set(config.data_paths) - set(config.benchmarks)
     if unknown:
         raise ValueError(f"data_paths names benchmarks not in benchmarks: {', '.join(sorted(unknown))}")
+    check_output_dir(output_dir, KIND, legacy=lambda directory: only_entries(directory, REPORT_NAMES | set(config.sides)))
     for side in config.sides:
         for benchmark in config.benchmarks:
             prepare_evaluation(side_config(config, side, benchmark))
     if config.limit == 0:
         print(f"limit=0: every side of {', '.join(config.benchmarks)} checked; nothing evaluated, nothing written")
         return {}
+    write_mark(output_dir, KIND)
     if config.shard:
         return run_shard(config)
     output_dir.mkdir(parents=True, exist_ok=True)

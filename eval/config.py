@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eval.engines.decode import DecodeSpec
+from headstart.devices import check_device, check_dtype
+from headstart.prompts import check_evaluation_system_setting
 from headstart.vllm_client import VLLMSettings
 from eval.shards import parse_shard
 from eval.typing_sim import check_typing
@@ -43,6 +45,11 @@ class EvalConfig:
     def __post_init__(self) -> None:
         check_limit(self.limit)
         parse_shard(self.shard)
+        # Each of these used to be found only once the model had loaded (minutes for an 8B model).
+        self.system_prompt = check_evaluation_system_setting(self.system_prompt)
+        check_at_least_one("fast_batch_size", self.fast_batch_size)
+        check_dtype(self.dtype)
+        check_device(self.device)
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if self.backend == "vllm" and not self.decode.fast:
@@ -52,6 +59,11 @@ class EvalConfig:
             raise ValueError("report_only reports merged results; run without shard (that merges the shards)")
         if self.typing is not None:
             check_typing(self.typing, self.typing_policy, self.decode)
+
+
+def check_at_least_one(setting: str, value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{setting} must be >= 1, not {value}")
 
 
 def check_limit(limit: int | None, minimum: int = 1) -> None:

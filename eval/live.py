@@ -15,6 +15,7 @@ shown in the page, not swallowed.
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -30,8 +31,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from eval.engines.ar import AREngine
 from eval.engines.decode import DecodeSpec
 from headstart.config import run_cli
+from headstart.devices import check_device, check_dtype, resolve_device
 from headstart.models import LoadedModel, load_model
-from headstart.prompts import build_messages, encode_prompt, resolve_system_message
+from headstart.prompts import build_messages, check_evaluation_system_setting, encode_prompt, resolve_system_message
 from headstart.segment import segment_request
 
 PAGE = Path(__file__).with_name("live_page") / "index.html"
@@ -48,6 +50,30 @@ class LiveConfig:
     port: int = field(default=8765, metadata={"help": "Port to listen on."})
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
     dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
+
+    def __post_init__(self) -> None:
+        # Each used to surface only once the model had loaded (a port: as uvicorn's traceback).
+        if self.decode.engine not in ("auto", "fast", "stepwise"):
+            raise ValueError(f"eval.live runs the autoregressive engine; decode.engine={self.decode.engine} is not one")
+        self.system_prompt = check_evaluation_system_setting(self.system_prompt)
+        check_dtype(self.dtype)
+        check_device(self.device)
+        if not 1 <= self.port <= 65535:
+            raise ValueError(f"port={self.port}: a TCP port is 1-65535")
+
+
+def check_listenable(host: str, port: int) -> None:
+    """Refuse, before the model loads, an address this process cannot listen on (a port in
+    use, a host that is not this machine's). The socket is closed again: uvicorn binds its
+    own, so another program may still take the port in between, which uvicorn then reports."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict
+            probe.bind((host, port))
+    except OSError as error:
+        raise ValueError(f"cannot listen on {host}:{port}: {error.strerror or error} (choose another port=... "
+                         "or host=...)") from error
 
 
 class LiveModel:
@@ -193,8 +219,9 @@ def build_app(live: LiveModel) -> Starlette:
 def serve(config: LiveConfig) -> None:
     import uvicorn
 
-    if config.decode.engine not in ("auto", "fast", "stepwise"):
-        raise ValueError(f"eval.live runs the autoregressive engine; decode.engine={config.decode.engine} is not one")
+    resolve_device(config.device)  # a GPU asked for where CUDA is unusable: refused before the port and the model
+    check_listenable(config.host, config.port)
+    resolve_system_message(config.system_prompt, config.model)  # reads the model's training record: cheap, before loading
     loaded = load_model(config.model, dtype=config.dtype, device=config.device)
     print(f"eval.live: http://{config.host}:{config.port}/")
     # Keep-alive pings, but no closing on a late pong: on a busy CPU the event loop may answer

@@ -23,29 +23,49 @@ from eval.engines.refusion import RefusionEngine
 from eval.records import append_record, load_records
 from eval.reporting.metrics import running_medians, summarize
 from eval.reporting.tables import markdown_table
-from eval.shards import Shard, merge_into, merged_records, parse_shard, shard_dir, write_manifest
+from eval.shards import MANIFEST, SHARDS_DIR, Shard, merge_into, merged_records, parse_shard, shard_dir, write_manifest
 from eval.reporting.typing_report import typing_report
 from headstart.config import config_to_dict, dump_config
 from headstart.devices import resolve_device
-from headstart.models import LoadedModel, load_model, weights_fingerprint
+from headstart.models import LoadedModel, default_dtype, load_model, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 from headstart.refusion import mask_token_id
+from headstart.run_dir import check_output_dir, check_writable, only_entries, write_mark
 from headstart.segment import prefixes
 from headstart.vllm_client import needed_model_len, vllm_unavailable
 
 # Settings that change the numbers, beside the decode settings' own (DecodeSpec.result_keys):
-# a resumed run must match on all of them.
-RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "system_prompt", "dtype")
+# a resumed run must match on all of them. `sandbox_cpu_seconds` decides verdicts (a program
+# killed at the limit fails); `backend` decides where drafts are decoded (the same tokens up
+# to floating-point near-ties, which can change what is accepted). The other EvalConfig fields
+# change no recorded number: `limit`, `shard`, `output_dir` choose which requests run and
+# where; `fast_batch_size` how drafts are batched (greedy decoding per prompt, the same
+# forwards); `vllm` the engines' memory, parallelism and compilation; `record_tokens` and
+# `typing`/`typing_policy` add fields or a report derived from the records; `benchmarks`,
+# `data_paths`, `acceptances`, `report_only` are the suite's (each run gets its own benchmark,
+# data_path and acceptance); `device` is recorded through the dtype it implies (below).
+RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "system_prompt", "dtype", "sandbox_cpu_seconds",
+               "backend")
 # And what they were computed from, by content: the weights loaded (model and adapter,
 # headstart.models.weights_fingerprint) and the data read (eval.benchmarks.data_fingerprint).
 # The same path holding other weights (a retrained adapter) is other settings.
 FINGERPRINT_KEYS = ("weights_fingerprint", "data_fingerprint")
+# Recorded as resolved, when known: the torch dtype the model runs in (dtype=null means bf16
+# on a GPU, fp32 on CPU, so the device decides it).
+RESOLVED_KEYS = ("torch_dtype",)
 # What results written before a setting existed were made with, where that differs from its
-# default. Results written before fingerprints existed were made from unknown bytes (None):
-# they resume with a warning, and their config.json keeps None (it never vouches for them).
-LEGACY_SETTINGS = {"regenerate": "plain", "weights_fingerprint": None, "data_fingerprint": None}
+# default. Results written before fingerprints (or the resolved dtype) were recorded were made
+# from unknown bytes (None): they resume with a warning, and their config.json keeps None (it
+# never vouches for them). `sandbox_cpu_seconds` and `backend` were added at their defaults
+# (the benchmark's own limit; transformers, the only backend then).
+LEGACY_SETTINGS = {"regenerate": "plain", "weights_fingerprint": None, "data_fingerprint": None, "torch_dtype": None}
 # What the evaluator writes into a results directory (config.json aside).
 EVALUATOR_FILES = ("results.jsonl", "summary.json", "report.md", "config.yaml")
+# Everything a results directory of an earlier version (without headstart.run_dir.MARK) may
+# hold: such a directory is recognised by these names only, and by config.json beside config.yaml.
+EVALUATOR_NAMES = {*EVALUATOR_FILES, "config.json", "results.jsonl.partial", "typing.json", "typing_curve.png", SHARDS_DIR,
+                   MANIFEST}
+RUN_KIND = "eval"
 
 
 class StreamingEvaluator:
@@ -70,17 +90,19 @@ class StreamingEvaluator:
 
     def prompts(self, request: Request) -> list[list[int]]:
         """Token ids of the templated prompt after each segment S_1..S_n."""
-        return [self._encode(request, known) for known in prefixes(request.segments)]
-
-    def _encode(self, request: Request, known: str) -> list[int]:
-        return encode_prompt(self.loaded.tokenizer, build_messages(known, request.history, self.system), self.loaded.family)
+        tokenizer, family = self.loaded.tokenizer, self.loaded.family
+        return [
+            encode_prompt(tokenizer, build_messages(known, request.history, self.system), family)
+            for known in prefixes(request.segments)
+        ]
 
     def needed_model_len(self, requests: list[Request] | None) -> int | None:
-        """The longest prompt + answer vLLM drafting is sent (the whole request S_n bounds every
-        prefix); None without requests, or when drafting is not on vLLM."""
+        """The longest prompt + answer vLLM drafting is sent, over every prefix (BPE can spend more
+        tokens on a prefix than on the whole request); None without requests, or when drafting is
+        not on vLLM."""
         if not requests or self.config.backend != "vllm":
             return None
-        longest = max(len(self._encode(request, "".join(request.segments))) for request in requests)
+        longest = max(len(prompt) for request in requests for prompt in self.prompts(request))
         return needed_model_len(longest, self.decode.max_new_tokens)
 
     def warm_up(self, request: Request) -> None:
@@ -241,10 +263,13 @@ def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None
     if config.backend == "vllm" and (reason := vllm_unavailable(config.vllm, device)):
         raise ValueError(f"backend=vllm: {reason}")
     current = result_settings(config)
+    resolve_system_message(config.system_prompt, config.adapter or config.model)  # the model's record, read now
+    check_writable(output_dir)  # a PermissionError once the model had loaded, and never with limit=0
     shard = parse_shard(config.shard)
     if shard:
         # A shard may hold no request (more shards than requests): it finishes at once.
         directory = shard_dir(output_dir, shard)
+        check_output_dir(output_dir, RUN_KIND, legacy=_legacy_results_dir)  # the run it is a shard of
         return PreparedRun(directory, _check_resumable(directory, current), benchmark, shard.select(requests), shard)
     settings = _check_resumable(output_dir, current)
     # limit=0 reads every request, not the selection the shards were given: nothing to merge.
@@ -255,7 +280,9 @@ def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None
 def start_results(prepared: PreparedRun, config: EvalConfig) -> None:
     """Create the results directory and record its settings (after `prepare_evaluation`);
     a shard also records its requests, a sharded run gets its shards' records."""
-    prepared.output_dir.mkdir(parents=True, exist_ok=True)
+    if prepared.shard:  # the run the shard belongs to: marked, so that the merging run may write there
+        write_mark(prepared.output_dir.parent.parent, RUN_KIND)
+    write_mark(prepared.output_dir, RUN_KIND)  # before any other file: the directory is headstart's
     (prepared.output_dir / "config.json").write_text(json.dumps(prepared.settings, indent=2) + "\n")
     dump_config(config, prepared.output_dir / "config.yaml")
     if prepared.shard:
@@ -355,7 +382,15 @@ def result_settings(config: EvalConfig) -> dict[str, Any]:
     return settings | {
         "weights_fingerprint": weights_fingerprint(config.model, config.adapter),
         "data_fingerprint": data_fingerprint(config.benchmark, config.data_path),
+        "torch_dtype": resolved_dtype(config),
     }
+
+
+def resolved_dtype(config: EvalConfig) -> str:
+    """The dtype the model runs in, by name (`dtype`, else the device's default)."""
+    if config.dtype:
+        return str(config.dtype).removeprefix("torch.")
+    return str(default_dtype(resolve_device(config.device))).removeprefix("torch.")
 
 
 def saved_settings(output_dir: Path) -> dict[str, Any]:
@@ -379,13 +414,12 @@ def saved_config(output_dir: Path) -> EvalConfig:
 
 
 def _check_resumable(output_dir: Path, current: dict[str, Any]) -> dict[str, Any]:
-    """Refuse to mix results of different settings, or of other weights or data, in one
-    directory, and to guess the settings of results without their config.json. Reads
-    only; returns the settings config.json is to record."""
-    if not output_dir.exists():
+    """Refuse to write into a directory headstart did not create (headstart.run_dir), and to
+    mix results of different settings, or of other weights or data, in one directory. A
+    directory without progress (no result, no shard's result) is no run: a new launch there
+    starts afresh. Reads only; returns the settings config.json is to record."""
+    if check_output_dir(output_dir, RUN_KIND, legacy=_legacy_results_dir) == "new" or not _has_progress(output_dir):
         return current
-    if not output_dir.is_dir():
-        raise ValueError(f"output_dir {output_dir} is not a directory")
     if not (output_dir / "config.json").exists():
         found = [name for name in EVALUATOR_FILES if (output_dir / name).exists()]
         if found:
@@ -393,7 +427,7 @@ def _check_resumable(output_dir: Path, current: dict[str, Any]) -> dict[str, Any
                              "of those results are unknown; choose another output_dir")
         return current
     saved = saved_settings(output_dir)
-    unrecorded = [k for k in FINGERPRINT_KEYS if saved[k] is None]
+    unrecorded = [k for k in FINGERPRINT_KEYS + RESOLVED_KEYS if saved[k] is None]
     changed = {k: (saved[k], v) for k, v in current.items() if k not in unrecorded and saved[k] != v}
     if changed:
         detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
@@ -405,3 +439,21 @@ def _check_resumable(output_dir: Path, current: dict[str, Any]) -> dict[str, Any
               "be checked against the weights and data of this run", file=sys.stderr)
         return current | {k: None for k in unrecorded}
     return current
+
+
+def _legacy_results_dir(directory: Path) -> bool:
+    """A results directory of an earlier version (no run record): only the evaluator's names,
+    with config.json beside config.yaml, or a sharded run's shards/ alone."""
+    if not only_entries(directory, EVALUATOR_NAMES):
+        return False
+    if (directory / "config.json").is_file() and (directory / "config.yaml").is_file():
+        return True
+    shards = directory / SHARDS_DIR
+    return shards.is_dir() and all(_legacy_results_dir(shard) for shard in shards.iterdir() if shard.is_dir())
+
+
+def _has_progress(directory: Path) -> bool:
+    """Whether a results directory holds a result (its own, or one of its shards')."""
+    shards = directory / SHARDS_DIR
+    candidates = [directory] + ([p for p in shards.iterdir() if p.is_dir()] if shards.is_dir() else [])
+    return any((p / "results.jsonl").is_file() and (p / "results.jsonl").stat().st_size for p in candidates)

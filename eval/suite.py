@@ -12,12 +12,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from eval.benchmarks import QUALITY_METRIC, get_benchmark
+from eval.benchmarks import BENCHMARKS, QUALITY_METRIC, get_benchmark
 from eval.config import EvalConfig
 from eval.reporting.metrics import summarize
 from eval.reporting.tables import macro_average, suite_report
 from eval.runner import load_records, prepare_evaluation, run_evaluation, summary_labels
 from headstart.models import LoadedModel, load_model
+from headstart.run_dir import check_output_dir, only_entries, write_mark
+
+SUITE_KIND = "eval-suite"
+SUITE_FILES = {"summary.json", "report.md"}
 
 
 def suite_output_dir(config: EvalConfig) -> Path:
@@ -33,6 +37,7 @@ def run_suite(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str
     if unknown:
         raise ValueError(f"data_paths names benchmarks not in the suite: {', '.join(sorted(unknown))}")
     output_dir = suite_output_dir(config)
+    check_output_dir(output_dir, SUITE_KIND, legacy=legacy_suite_dir)
     # Every run is checked (data, model source, resumable results) before the model loads.
     for rule in rules:
         for name in names:
@@ -40,6 +45,7 @@ def run_suite(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str
     if config.limit == 0:
         print(f"limit=0: {len(rules) * len(names)} runs checked; nothing evaluated, nothing written")
         return {}
+    write_mark(output_dir, SUITE_KIND)
     # Loaded once, by the first run with a request left to compute (merging shards computes none).
     model = loaded or functools.cache(lambda: load_model(config.model, adapter=config.adapter, dtype=config.dtype,
                                                          device=config.device))
@@ -62,6 +68,7 @@ def report_finished(config: EvalConfig) -> dict[str, dict[str, dict[str, Any]]]:
     rules compare on the same requests (a long run can be reported while it goes on)."""
     names, rules = _benchmarks_and_rules(config)
     output_dir = suite_output_dir(config)
+    check_output_dir(output_dir, SUITE_KIND, legacy=legacy_suite_dir)
     by_rule: dict[str, dict[str, dict[str, Any]]] = {rule: {} for rule in rules}
     for name in names:
         requests = get_benchmark(name, config.data_paths.get(name), config.sandbox_cpu_seconds).load(config.limit)
@@ -77,6 +84,13 @@ def report_finished(config: EvalConfig) -> dict[str, dict[str, dict[str, Any]]]:
         raise FileNotFoundError(f"no request has finished under every rule in {output_dir}")
     write_suite_report(output_dir, by_rule, config)
     return by_rule
+
+
+def legacy_suite_dir(directory: Path) -> bool:
+    """A suite directory of an earlier version (no run record): its report files and one
+    directory per benchmark (each holding a run per rule, checked as results directories)."""
+    return only_entries(directory, SUITE_FILES | set(BENCHMARKS)) and all(
+        (directory / name).is_dir() for name in BENCHMARKS if (directory / name).exists())
 
 
 def _benchmarks_and_rules(config: EvalConfig) -> tuple[list[str], list[str]]:

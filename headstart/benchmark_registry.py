@@ -13,6 +13,7 @@ file reads only that file; the hub is used only when no file is given.
 from __future__ import annotations
 
 import gzip
+import zlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,11 +138,26 @@ def iter_file(path: str | Path) -> Iterator[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"benchmark data file not found: {path}")
+    try:
+        yield from _iter_rows(path)
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text (byte {error.start}): a binary file?") from error
+    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
+        raise ValueError(f"{path}: not a readable gzip file ({error})") from error
+    except json.JSONDecodeError as error:  # a whole-file JSON array
+        raise ValueError(f"{path}: not a JSON array ({error})") from error
+
+
+def _iter_rows(path: Path) -> Iterator[dict[str, Any]]:
     name = path.name
     if name.endswith(".parquet"):
         import pyarrow.parquet as pq
 
-        yield from pq.read_table(path).to_pylist()
+        try:
+            table = pq.read_table(path)
+        except Exception as error:  # pyarrow's errors name no file
+            raise ValueError(f"{path}: not a readable parquet file ({type(error).__name__}: {error})") from error
+        yield from table.to_pylist()
         return
     opener = gzip.open if name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as handle:

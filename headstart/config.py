@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -54,6 +55,8 @@ def load_config(schema: type[T], argv: list[str], recipes_dir: Path = RECIPES_DI
         path = find_recipe(recipe_args[-1].split("=", 1)[1], recipes_dir)
         try:
             recipe = OmegaConf.load(path)
+        except yaml.YAMLError as error:
+            raise RecipeError(f"{path}: not valid YAML: {yaml_problem(error)}") from error
         except (OSError, OmegaConfBaseException, ValueError) as error:
             raise RecipeError(f"cannot read recipe {path}: {error}") from error
         config = _merge(config, recipe, f"recipe {path}")
@@ -62,9 +65,12 @@ def load_config(schema: type[T], argv: list[str], recipes_dir: Path = RECIPES_DI
 
 
 # What an entry point reports as `error: ...` with exit code 2: bad recipes and values
-# (RecipeError is a ValueError), bad or missing input files. Anything else is a bug or
-# an accident of the machine, and keeps its traceback.
-CLI_ERRORS = (RecipeError, ValueError, FileNotFoundError)
+# (RecipeError is a ValueError), bad or missing input files, and a path given that cannot
+# be one (an output directory that is a file or sits under one, a directory where a file
+# is due, no permission). Anything else is a bug or an accident of the machine, and keeps
+# its traceback.
+PATH_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError, IsADirectoryError)
+CLI_ERRORS = (RecipeError, ValueError, *PATH_ERRORS)
 
 
 def cli_main(body: Callable[[], Any]) -> int:
@@ -73,9 +79,26 @@ def cli_main(body: Callable[[], Any]) -> int:
     try:
         body()
     except CLI_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {error_line(error)}", file=sys.stderr)
         return 2
     return 0
+
+
+def error_line(error: BaseException) -> str:
+    """One line for the user: an OSError as `<file>: <problem>` (its own text may name no
+    file, or two), anything else its message with its lines joined."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        return f"{error.filename}: {error.strerror}"
+    return " ".join(str(error).split("\n")).strip() or type(error).__name__
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error in one line: the problem and where (PyYAML's own text spans 4 lines)."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    context = getattr(error, "context", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}" + (f" ({context})" if context else "")
 
 
 def run_cli(schema: type[T], run: Callable[[T], Any], argv: list[str] | None = None) -> int:

@@ -6,6 +6,8 @@ CPU-only build on a GPU node) reports `torch.cuda.is_available() == False`, and 
 the run says what asked for a GPU and stops instead. What asks for one:
 - the environment: a Slurm allocation with GPUs (`SLURM_GPUS_ON_NODE`, `SLURM_JOB_GPUS`,
   `SLURM_STEP_GPUS`) or a non-empty `CUDA_VISIBLE_DEVICES` other than "-1";
+- the host: an NVIDIA driver loaded (`/proc/driver/nvidia/version`), unless
+  `CUDA_VISIBLE_DEVICES` hides every GPU;
 - the run's own settings: a training recipe with `training.bf16: true`, an evaluation with
   `device=cuda...`.
 An explicit CPU choice (`device=cpu`, `accelerate launch --cpu`) overrides the environment.
@@ -15,8 +17,8 @@ The environment is an argument (default `os.environ`) so that callers and tests 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
@@ -41,14 +43,26 @@ def environment_gpu_requests(environ: Mapping[str, str] | None = None) -> list[s
             if name in environ and environ[name].strip() not in empty]
 
 
+# Present wherever an NVIDIA kernel driver is loaded (a workstation or cloud VM without Slurm).
+NVIDIA_DRIVER_FILE = Path("/proc/driver/nvidia/version")
+
+
+def host_gpu_requests(driver_file: Path = NVIDIA_DRIVER_FILE) -> list[str]:
+    """A GPU driver on this host asks for its GPU: a torch that cannot use it is a broken install."""
+    return [f"an NVIDIA driver ({driver_file})"] if driver_file.exists() else []
+
+
 def cuda_state() -> str:
-    """What this torch says of CUDA, for the refusal: its build and why CUDA did not start."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.is_available()  # a too-old driver is reported as a warning here
-    reasons = [str(w.message).strip().splitlines()[0] for w in caught if "CUDA" in str(w.message)]
+    """What this torch says of CUDA, for the refusal: its build and why CUDA did not start.
+    `torch.cuda.is_available()` warns of a too-old driver once per process only; `init()`
+    raises the reason on every call."""
     build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-    return f"torch {torch.__version__}, {build}" + (f"; {reasons[0]}" if reasons else "")
+    try:
+        torch.cuda.init()
+        reason = ""
+    except Exception as error:  # RuntimeError (driver), AssertionError (CPU build): both say why
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"torch {torch.__version__}, {build}" + (f"; {reason}" if reason else "")
 
 
 def require_cuda(asked: list[str]) -> None:
@@ -60,12 +74,22 @@ def require_cuda(asked: list[str]) -> None:
             "CUDA version) or install a torch built for an older CUDA")
     raise CudaUnusableError(f"{', '.join(asked)} asked for a GPU, but CUDA is unusable here "
                             f"(torch.cuda.is_available() is False: {cuda_state()}): {hint}; "
-                            "to run on CPU after all, say so (device=cpu; for training, accelerate launch --cpu)")
+                            "to run on CPU after all, say so (device=cpu, or CUDA_VISIBLE_DEVICES= for any command; "
+                            "for training, accelerate launch --cpu)")
+
+
+def gpu_requests(environ: Mapping[str, str] | None = None, driver_file: Path = NVIDIA_DRIVER_FILE) -> list[str]:
+    """Everything that asks this process for a GPU. `CUDA_VISIBLE_DEVICES` set to hide every GPU
+    is an explicit CPU choice that a driver on the host does not overrule."""
+    environ = os.environ if environ is None else environ
+    hidden = environ.get("CUDA_VISIBLE_DEVICES", None)
+    host = [] if hidden is not None and hidden.strip() in NO_GPU_VISIBLE else host_gpu_requests(driver_file)
+    return environment_gpu_requests(environ) + host
 
 
 def default_device(environ: Mapping[str, str] | None = None) -> str:
     """cuda when it works; cpu when it does not and nothing asked for a GPU (else refused)."""
-    require_cuda(environment_gpu_requests(environ))
+    require_cuda(gpu_requests(environ))
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -76,3 +100,26 @@ def resolve_device(device: str | None, environ: Mapping[str, str] | None = None)
     if device.startswith("cuda"):
         require_cuda([f"device={device}"])
     return device
+
+
+# The dtypes a model loads in (headstart.models.from_pretrained_kwargs: `getattr(torch, name)`).
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_dtype(dtype: str | None, setting: str = "dtype") -> None:
+    """Refuse a dtype name the loader would fail on only once it loads (None: the device's default)."""
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"{setting}={dtype!r}: use {', '.join(DTYPES)} (or leave it unset: bfloat16 on GPU, "
+                         "float32 on CPU)")
+
+
+def check_device(device: str | None, setting: str = "device") -> None:
+    """Refuse, at configuration time, a device name torch cannot parse. Whether CUDA works is
+    the machine's, not the configuration's (slurm/pipeline.sh validates recipes on a login node
+    without GPUs): `resolve_device` checks it when the run starts, before anything loads."""
+    if device is None:
+        return
+    try:
+        torch.device(device)
+    except (RuntimeError, ValueError) as error:
+        raise ValueError(f"{setting}={device!r} is not a torch device (cpu, cuda, cuda:N, mps)") from error

@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -21,8 +22,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from headstart.devices import default_device, resolve_device  # noqa: F401 (default_device: re-exported)
+from headstart.devices import resolve_device
 from headstart.fingerprint import file_sha256, files_sha256
+from headstart.model_files import check_local_source, read_json
 from headstart.prompts import Family, detect_family
 from headstart.refusion import check_refusion_token_ids
 
@@ -83,6 +85,18 @@ def resolve_model_dir(name_or_path: str) -> str:
     if name_or_path.startswith((".", "/", "~")):
         raise FileNotFoundError(f"model directory not found: {name_or_path}")
     return name_or_path  # a hub id
+
+
+# A converted GGUF file's directory: `<file stem>-<12 hex digits of its identity>` in cache_dir()/gguf.
+CONVERTED_GGUF_NAME = re.compile(r"(?P<stem>.+)-[0-9a-f]{12}")
+
+
+def converted_gguf_stem(directory: Path) -> str | None:
+    """The stem of the GGUF file `convert_gguf` made `directory` from (None: not such a directory)."""
+    converted = CONVERTED_GGUF_NAME.fullmatch(directory.name)
+    if converted and directory.parent.resolve() == (cache_dir() / "gguf").resolve():
+        return converted["stem"]
+    return None
 
 
 def convert_gguf(gguf_path: Path) -> Path:
@@ -233,10 +247,12 @@ def weights_fingerprint(name_or_path: str, adapter: str | None = None) -> str:
     adapter_from_source = adapter_base(name_or_path)
     if adapter_from_source:
         base, adapter = adapter_from_source, name_or_path
+    check_local_source(base)  # no weights, a truncated file: refused here, not minutes later by the loader
     parts = [("model", _source_fingerprint(base))]
     if adapter:
         if not (Path(adapter).expanduser() / "adapter_config.json").is_file():
             raise FileNotFoundError(f"adapter directory not found or without adapter_config.json: {adapter}")
+        check_local_source(adapter)
         parts.append(("adapter", files_sha256(_loaded_files(Path(adapter).expanduser()))))
     return "sha256:" + hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
@@ -283,7 +299,8 @@ def adapter_base(name_or_path: str) -> str | None:
     config = Path(name_or_path).expanduser() / "adapter_config.json"
     if not config.is_file():
         return None
-    base = json.loads(config.read_text()).get("base_model_name_or_path")
+    content = read_json(config)
+    base = content.get("base_model_name_or_path") if isinstance(content, dict) else None
     if not base:
         raise ValueError(f"{config} names no base_model_name_or_path")
     return base

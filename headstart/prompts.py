@@ -56,6 +56,17 @@ def canonical_system_setting(setting: str) -> str:
     return setting
 
 
+def check_evaluation_system_setting(setting: str) -> str:
+    """`canonical_system_setting` for a run that builds its own prompts (evaluation, the live
+    page): `dataset` names training rows' own turns and is refused. Config validation calls
+    it, so a typo is refused before any model loads."""
+    setting = canonical_system_setting(setting)
+    if setting == "dataset":
+        raise ValueError("system message 'dataset' (each row's own) applies to training data only; "
+                         "evaluate with model, incomplete, none or literal text")
+    return setting
+
+
 def read_training_record(source: str | Path | None) -> dict[str, Any] | None:
     """The training record of a model or adapter directory (None: not a directory, or none recorded)."""
     if source is None:
@@ -89,8 +100,7 @@ def resolve_system_message(setting: str, model_source: str | Path | None = None)
     if setting == "none":
         return None
     if setting == "dataset":
-        raise ValueError("system message 'dataset' (each row's own) applies to training data only; "
-                         "evaluate with model, incomplete, none or literal text")
+        check_evaluation_system_setting(setting)
     if setting == "model":
         record = read_training_record(model_source)
         if record is None:

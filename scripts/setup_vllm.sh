@@ -25,6 +25,12 @@ VLLM_TRANSFORMERS=${HEADSTART_VLLM_TRANSFORMERS:-transformers==5.19.0}
 # vLLM must not.
 if [ -x "$VENV/bin/python" ]; then
   found=$("$VENV/bin/python" scripts/vllm_package_installed.py "$PACKAGE" 2>&1 | tail -n 1) && status=0 || status=$?
+  # Nothing asked for by name (scripts/setup.sh on a machine where a GPU build was installed on
+  # purpose): a working vLLM of any build is kept, never replaced by the CPU default.
+  if [ -z "${HEADSTART_VLLM_PACKAGE:-}" ] && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+    echo "setup_vllm.sh: $VENV kept ($found; set HEADSTART_VLLM_PACKAGE to replace it)"
+    exit 0
+  fi
   if [ "$status" = 0 ] && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
     echo "setup_vllm.sh: $VENV kept ($found)"
     exit 0

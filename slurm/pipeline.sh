@@ -14,7 +14,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 data_args="recipe=embedded_prefix" train_args="recipe=smollm2_prefix" eval_args="recipe=before_after_smollm2"
 data_sbatch="" train_sbatch="" eval_sbatch="" eval_shards=1 wait=""
+usage="see the header of $0"
+# Everything is parsed and checked before the first job is submitted: a bad argument found after
+# the data and training jobs were queued would leave them running for nothing.
 while [ $# -gt 0 ]; do
+  case "$1" in
+    --wait) ;;
+    --*) [ $# -ge 2 ] || { echo "error: $1 needs a value ($usage)" >&2; exit 2; } ;;
+  esac
   case "$1" in
     --data) data_args=$2; shift 2 ;;
     --train) train_args=$2; shift 2 ;;
@@ -24,8 +31,21 @@ while [ $# -gt 0 ]; do
     --eval-sbatch) eval_sbatch=$2; shift 2 ;;
     --eval-shards) eval_shards=$2; shift 2 ;;
     --wait) wait="--wait"; shift ;;
-    *) echo "unknown option $1 (see the header of $0)" >&2; exit 2 ;;
+    *) echo "error: unknown option $1 ($usage)" >&2; exit 2 ;;
   esac
+done
+if ! [[ $eval_shards =~ ^[1-9][0-9]*$ ]]; then
+  echo "error: --eval-shards $eval_shards: a count of shards is a whole number >= 1" >&2; exit 2
+fi
+# Each stage's overrides, validated as its entry point will (slurm/check_args.py: recipes, keys, values).
+python slurm/check_args.py data "$data_args" train "$train_args" eval "$eval_args" || exit 2
+# And each stage's sbatch options, by Slurm itself (--test-only submits nothing).
+for stage in "data:$data_sbatch" "train:$train_sbatch" "eval:$eval_sbatch"; do
+  name=${stage%%:*} opts=${stage#*:}
+  # shellcheck disable=SC2086  # the option strings are deliberately word-split
+  if ! tested=$(sbatch --test-only $opts "slurm/$name.sbatch" 2>&1); then
+    echo "error: --$name-sbatch '$opts': $(echo "$tested" | grep -m1 -i error || echo "$tested" | head -1)" >&2; exit 2
+  fi
 done
 mkdir -p logs
 # A failed step cancels what depends on it instead of leaving it pending forever.

@@ -279,8 +279,9 @@ def test_an_output_dir_the_builder_did_not_create_is_refused_and_kept(tmp_path, 
     # Its own output it replaces, until a file it did not write appears there.
     out = tmp_path / "out"
     assert main([*args, f"output_dir={out}"]) == 0
-    marker = json.loads((out / ".headstart-dataset").read_text())
+    marker = json.loads((out / "headstart-run.json").read_text())
     assert "dataset_dict.json" in marker["files"] and "README.md" in marker["files"]
+    assert marker["written_by"] == "headstart" and marker["kind"] == "data"
     assert main([*args, f"output_dir={out}", "seed=1"]) == 0
     (out / "notes.txt").write_text("mine")
     capsys.readouterr()

@@ -165,7 +165,7 @@ def test_the_merge_refuses_missing_unfinished_and_mismatched_shards(tmp_path, ti
         run_evaluation(config)
     assert not (tmp_path / "results.jsonl").exists() and not (tmp_path / "report.md").exists()
     (shards / "0-of-3" / "results.jsonl").unlink()
-    for name in ("config.json", "config.yaml", "shard.json", "summary.json", "report.md"):
+    for name in ("config.json", "config.yaml", "shard.json", "summary.json", "report.md", "headstart-run.json"):
         (shards / "0-of-3" / name).unlink()
     (shards / "0-of-3").rmdir()
     summary = run_evaluation(config)

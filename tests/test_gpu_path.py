@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from headstart.config import load_config
-from headstart.devices import CudaUnusableError, default_device, environment_gpu_requests, resolve_device
+from headstart.devices import CudaUnusableError, default_device, environment_gpu_requests, require_cuda, resolve_device
 from headstart.models import from_pretrained_kwargs, load_model
 from train.config import RecipeValueError, TrainRecipe, batch_plan
 
@@ -81,6 +81,20 @@ def test_an_environment_that_hands_out_gpus_is_refused_without_cuda(no_gpu_envir
 def test_an_environment_that_hides_gpus_asks_for_none(no_gpu_environment, name, value):
     no_gpu_environment.setenv(name, value)
     assert environment_gpu_requests() == [] and default_device() == "cpu"
+
+
+def test_an_nvidia_driver_on_the_host_asks_for_a_gpu(no_gpu_environment, tmp_path):
+    """A workstation or cloud VM (no Slurm, no CUDA_VISIBLE_DEVICES) whose torch cannot use its GPU."""
+    from headstart.devices import gpu_requests
+
+    driver = tmp_path / "version"
+    assert gpu_requests(driver_file=driver) == []
+    driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.03\n")
+    assert gpu_requests(driver_file=driver) == [f"an NVIDIA driver ({driver})"]
+    with pytest.raises(CudaUnusableError, match="an NVIDIA driver .* asked for a GPU"):
+        require_cuda(gpu_requests(driver_file=driver))
+    no_gpu_environment.setenv("CUDA_VISIBLE_DEVICES", "")  # every GPU hidden: an explicit CPU choice
+    assert gpu_requests(driver_file=driver) == []
 
 
 def test_a_cuda_build_that_cannot_start_points_at_the_driver(no_gpu_environment):
@@ -209,6 +223,21 @@ def test_a_process_loads_the_whole_model_on_its_own_gpu(no_gpu_environment):
     assert model_init_kwargs(recipe, 0, "cpu")["device_map"] is None
     no_gpu_environment.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # the engine places (ZeRO-3 partitions at load)
     assert model_init_kwargs(recipe, 8, "cuda:0")["device_map"] is None
+
+
+def test_a_single_process_on_a_multi_gpu_node_trains_on_one_gpu(tmp_path):
+    """With the model pinned to one GPU, Trainer would still wrap it in nn.DataParallel over the
+    node's count, which TRL refuses after the model has loaded."""
+    from trl import SFTConfig
+
+    from train.sft import keep_one_gpu
+
+    args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    args._n_gpu = 8  # what TrainingArguments counts on an 8-GPU node without a launcher
+    keep_one_gpu(args, distributed=True)
+    assert args.n_gpu == 8
+    keep_one_gpu(args, distributed=False)
+    assert args.n_gpu == 1
 
 
 # --- 7. transformers >= 5.19 --------------------------------------------------------------------

@@ -30,6 +30,7 @@ from transformers import TrainerCallback
 
 from headstart.config import config_to_dict, load_config
 from headstart.prompts import write_training_record
+from headstart.run_dir import check_output_dir, only_entries, read_mark, write_mark
 from train.config import (
     RESUMABLE_KEYS, BatchPlan, RecipeValueError, TrainingSection, TrainRecipe, batch_plan, flat_keys, recipe_differences,
 )
@@ -38,6 +39,13 @@ COMPLETE_MARKER = "CHECKPOINT_COMPLETE"
 STOP_FILE_ENV = "HEADSTART_STOP_FILE"  # slurm/train.sbatch: the file its USR1 handler writes
 TOPOLOGY_FILE = "headstart_topology.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+RUN_KIND = "train"
+# What a run directory of an earlier version (without headstart.run_dir.MARK) may hold: the
+# recipe, checkpoints, the adapter and merged model, the trackers' files (train/tracking.py).
+RUN_NAMES = {"config.yaml", "adapter", "merged", "tensorboard", "wandb", "wandb_run_id", "runs"}
+# What a run was trained from, by content (recorded in its run record): a resume on other
+# rows or another base would continue the old steps on inputs they never saw.
+INPUT_KEYS = ("data_fingerprint", "model_fingerprint")
 
 
 @dataclass(frozen=True)
@@ -139,17 +147,22 @@ def check_resume(checkpoint: Path, current: Topology, training: TrainingSection)
 
 
 def check_run_dir(output_dir: str | Path, recipe: TrainRecipe) -> dict[str, tuple]:
-    """Refuse to train into a run directory holding another run: one whose saved recipe
+    """Refuse to train into a directory headstart did not create (headstart.run_dir), or
+    into a run directory holding another run: one whose saved recipe
     (config.yaml) differs on a key outside `RESUMABLE_KEYS`, one with checkpoints but
     no config.yaml, or any run at all when `training.resume` is false (a new run would
     overwrite and rotate away its checkpoints). Reads only. Returns the resumable keys
     that changed, {key: (saved, new)}."""
     directory = Path(output_dir)
-    if not directory.is_dir():
+    # A directory headstart did not create is refused (headstart.run_dir); one without a
+    # checkpoint or an adapter holds no run (a launch that failed early): a new one starts there.
+    if check_output_dir(directory, RUN_KIND, legacy=_legacy_run_dir, setting="training.output_dir") == "new":
         return {}
     saved_path = directory / "config.yaml"
-    holds_run = any(_CHECKPOINT.match(p.name) for p in directory.iterdir()) or (directory / "adapter").exists()
+    holds_run = has_progress(directory)
     how = f"to start a new run, choose another training.output_dir (or move {directory} away)"
+    if not holds_run:
+        return {}
     if not saved_path.is_file():
         if holds_run:
             raise RecipeValueError(f"{directory} holds checkpoints or an adapter but no config.yaml: the recipe that "
@@ -171,6 +184,47 @@ def check_run_dir(output_dir: str | Path, recipe: TrainRecipe) -> dict[str, tupl
         )
     old, new = flat_keys(config_to_dict(saved)), flat_keys(config_to_dict(recipe))
     return {key: (old[key], new[key]) for key in RESUMABLE_KEYS if old.get(key) != new.get(key)}
+
+
+def has_progress(directory: Path) -> bool:
+    """Whether a run directory holds a checkpoint or an adapter (else it holds no run)."""
+    return any(_CHECKPOINT.match(p.name) for p in directory.iterdir()) or (directory / "adapter").exists()
+
+
+def _legacy_run_dir(directory: Path) -> bool:
+    """A run directory of an earlier version (no run record): only a run's names, with its
+    recipe, a checkpoint or an adapter among them."""
+    return only_entries(directory, RUN_NAMES, lambda name: bool(_CHECKPOINT.match(name))) and (
+        (directory / "config.yaml").is_file() or has_progress(directory))
+
+
+def check_inputs(output_dir: str | Path, inputs: dict[str, str], resuming: bool) -> dict[str, str | None]:
+    """Refuse to resume a run on other data or another base model than it was trained on
+    (`inputs`: INPUT_KEYS -> content fingerprint). Reads only; returns what the run record is
+    to keep: these fingerprints, or None for those a run of an earlier version never recorded
+    (it resumes with a warning: its inputs cannot be checked, and the record never vouches for them)."""
+    if not resuming:
+        return dict(inputs)
+    directory = Path(output_dir)
+    saved = (read_mark(directory) or {}).get("inputs") or {}
+    unrecorded = [key for key in INPUT_KEYS if saved.get(key) is None]
+    changed = [key for key in INPUT_KEYS if key not in unrecorded and saved[key] != inputs[key]]
+    if changed:
+        what = {"data_fingerprint": "data.path holds other rows", "model_fingerprint": "model.name_or_path holds other weights"}
+        detail = "; ".join(f"{what[key]} ({key} {saved[key][:19]}... -> {inputs[key][:19]}...)" for key in changed)
+        raise RecipeValueError(
+            f"{directory} holds checkpoints trained on other inputs: {detail}; resuming would continue them on these. "
+            f"Choose another training.output_dir for a new run (or move {directory} away)")
+    if unrecorded:
+        print(f"warning: {directory} predates input fingerprints ({', '.join(unrecorded)} unrecorded): its checkpoints "
+              "cannot be checked against the data and model of this run", flush=True)
+    return {key: None if key in unrecorded else inputs[key] for key in INPUT_KEYS}
+
+
+def mark_run(output_dir: str | Path, inputs: dict[str, str | None]) -> None:
+    """Write the run record (main process, before anything else of the run): the directory
+    is headstart's, and what the run is trained from."""
+    write_mark(output_dir, RUN_KIND, {"inputs": inputs})
 
 
 def last_complete_checkpoint(output_dir: str | Path) -> Path | None:

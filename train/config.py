@@ -15,6 +15,8 @@ from typing import Any
 from headstart.prompts import canonical_system_setting
 
 OBJECTIVES = ("sft", "refusion", "distill")
+# The trackers train/sft.py configures (train/tracking.py); none: no tracker.
+TRACKERS = ("tensorboard", "wandb", "none")
 DIVERGENCES = ("forward", "reverse")
 
 
@@ -232,6 +234,7 @@ def validate(recipe: TrainRecipe) -> TrainRecipe:
         raise RecipeValueError(f"training.ddp_timeout must be >= 1 second, got {t.ddp_timeout}")
     if recipe.model.dtype not in ("auto", "float32", "bfloat16", "float16"):
         raise RecipeValueError(f"model.dtype {recipe.model.dtype!r}: use auto, float32, bfloat16 or float16")
+    validate_numbers(recipe)
     try:
         recipe.data.system_message = canonical_system_setting(recipe.data.system_message)
     except ValueError as error:
@@ -239,6 +242,40 @@ def validate(recipe: TrainRecipe) -> TrainRecipe:
     validate_refusion(recipe)
     validate_distill(recipe)
     return recipe
+
+
+def validate_numbers(recipe: TrainRecipe) -> None:
+    """Values PEFT, TRL or the optimiser would refuse (or misuse) only once the model has
+    loaded: a rank-0 adapter, a negative learning rate, a tracker name nobody knows."""
+    lora, t = recipe.lora, recipe.training
+    if lora.r < 1:
+        raise RecipeValueError(f"lora.r must be >= 1 (the adapter's rank), got {lora.r}")
+    if lora.alpha <= 0:
+        raise RecipeValueError(f"lora.alpha must be > 0 (scale = alpha / r), got {lora.alpha}")
+    if not 0 <= lora.dropout < 1:
+        raise RecipeValueError(f"lora.dropout must be in [0, 1), got {lora.dropout}")
+    if not lora.target_modules and not lora.target_regex:
+        raise RecipeValueError("lora.target_modules is empty and lora.target_regex unset: no module would get an adapter")
+    if not (math.isfinite(t.learning_rate) and t.learning_rate > 0):
+        raise RecipeValueError(f"training.learning_rate must be a positive number, got {t.learning_rate}")
+    if not 0 <= t.warmup_ratio <= 1:
+        raise RecipeValueError(f"training.warmup_ratio must be in [0, 1] (a share of the steps), got {t.warmup_ratio}")
+    for name in ("weight_decay", "eval_steps", "dataloader_num_workers"):
+        if getattr(t, name) < 0:
+            raise RecipeValueError(f"training.{name} must be >= 0, got {getattr(t, name)}")
+    if t.max_grad_norm <= 0:
+        raise RecipeValueError(f"training.max_grad_norm must be > 0, got {t.max_grad_norm}")
+    if t.logging_steps < 1:
+        raise RecipeValueError(f"training.logging_steps must be >= 1, got {t.logging_steps}")
+    if t.save_total_limit is not None and t.save_total_limit < 1:
+        raise RecipeValueError(f"training.save_total_limit must be null (keep all) or >= 1, got {t.save_total_limit}")
+    unknown = [name for name in t.report_to if name not in TRACKERS]
+    if unknown:
+        raise RecipeValueError(f"training.report_to: unknown tracker {', '.join(map(repr, unknown))}; "
+                               f"use a list of {', '.join(TRACKERS)}")
+    for name in ("max_train_samples", "max_eval_samples"):
+        if getattr(recipe.data, name) is not None and getattr(recipe.data, name) < 1:
+            raise RecipeValueError(f"data.{name} must be null (all rows) or >= 1, got {getattr(recipe.data, name)}")
 
 
 def validate_refusion(recipe: TrainRecipe) -> None:

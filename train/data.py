@@ -17,12 +17,12 @@ student's with the streamed user turn S_i replaced by S_n.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 from transformers import PreTrainedTokenizerBase
 
+from headstart.fingerprint import file_sha256, files_sha256, tree_sha256
 from headstart.prompts import SYSTEM_ALIASES, SYSTEM_SETTINGS, Family, render_prompt, resolve_system_message
 
 FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -53,6 +53,22 @@ def load_split(path: str, split: str) -> Dataset | None:
         if "split" in str(error).lower():
             return None
         raise
+
+
+def data_fingerprint(path: str) -> str:
+    """What a run is trained from, by content: "sha256:<hex>" of a data file's bytes, or of a
+    saved dataset's rows (its .arrow files and split list: `save_to_disk` also writes a random
+    fingerprint into state.json, which a rebuild of the same rows changes); a hub id is named,
+    "hub:<id>" (the hub resolves it). Reads no dataset."""
+    local = Path(path).expanduser()
+    if local.is_file():
+        return "sha256:" + file_sha256(local)
+    if local.is_dir():
+        rows = sorted(p for p in local.rglob("*") if p.is_file() and (p.suffix == ".arrow" or p.name == "dataset_dict.json"))
+        if not rows:
+            return "sha256:" + tree_sha256(local)
+        return "sha256:" + files_sha256([(str(p.relative_to(local)), p) for p in rows])
+    return f"hub:{path}"
 
 
 def _load_file(path: Path) -> Dataset:
@@ -367,24 +383,16 @@ def same_model(a: str, b: str) -> bool:
     return a.strip().rstrip("/").lower() == b.strip().rstrip("/").lower() or model_key(a) == model_key(b)
 
 
-# headstart.models.convert_gguf names a converted file's directory `<file stem>-<12 hex digits>`
-# inside `cache_dir()/gguf`; the stem is the model.
-CONVERTED_GGUF = re.compile(r"(?P<stem>.+)-[0-9a-f]{12}")
-
-
 def model_key(name: str) -> str:
     """What identifies a model across its spellings: the GGUF stem for an embedded alias, a .gguf
     file or its converted directory; else the last part of a hub id or path (lower case)."""
-    from headstart.models import EMBEDDED_MODELS, cache_dir
+    from headstart.models import EMBEDDED_MODELS, converted_gguf_stem
 
     name = name.strip().rstrip("/")
     if name.lower() in EMBEDDED_MODELS:
         return Path(EMBEDDED_MODELS[name.lower()][1]).stem.lower()
     path = Path(name).expanduser()
-    converted = CONVERTED_GGUF.fullmatch(path.name)
-    if converted and path.parent.resolve() == (cache_dir() / "gguf").resolve():
-        return converted["stem"].lower()
-    return path.name.lower().removesuffix(".gguf")
+    return (converted_gguf_stem(path) or path.name.lower().removesuffix(".gguf")).lower()
 
 
 def answer_models(dataset: Dataset, path: str) -> set[str] | None:

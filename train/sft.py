@@ -34,24 +34,27 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 from accelerate import PartialState  # noqa: E402
+from accelerate.utils import DistributedType  # noqa: E402
 from packaging.version import Version  # noqa: E402
 from peft import LoraConfig  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 from headstart.config import cli_main, config_to_dict, dump_config, load_config  # noqa: E402
-from headstart.devices import environment_gpu_requests, require_cuda  # noqa: E402
-from headstart.models import download_model, load_tokenizer, resolve_model_dir  # noqa: E402
+from headstart.model_files import check_local_source  # noqa: E402
+from headstart.run_dir import check_writable  # noqa: E402
+from headstart.devices import gpu_requests, require_cuda  # noqa: E402
+from headstart.models import download_model, load_tokenizer, resolve_model_dir, weights_fingerprint  # noqa: E402
 from headstart.prompts import Family, detect_family, write_training_record  # noqa: E402
 from headstart.refusion import mask_token_id  # noqa: E402
 from train.checkpoints import (  # noqa: E402
-    CompletenessMarker, StepDelay, StopOnRequest, Topology, check_resume, check_run_dir, last_complete_checkpoint,
-    launch_topology, stop_on_request,
+    CompletenessMarker, StepDelay, StopOnRequest, Topology, check_inputs, check_resume, check_run_dir,
+    last_complete_checkpoint, launch_topology, mark_run, stop_on_request,
 )
 from train.config import BatchPlan, TrainRecipe, batch_plan, validate  # noqa: E402
 from train.data import (  # noqa: E402
-    answer_models, check_answer_models, check_fits, load_split, resolve_training_system, tokenize_dataset,
-    trained_system_record,
+    answer_models, check_answer_models, check_fits, data_fingerprint, load_split, resolve_training_system,
+    tokenize_dataset, trained_system_record,
 )
 from train.distill import DistillCollator, DistillTrainer  # noqa: E402
 from train.refusion import RefusionCollator, RefusionTrainer, add_trainable_tokens  # noqa: E402
@@ -84,7 +87,7 @@ def training_gpu_requests(recipe: TrainRecipe, environ: Mapping[str, str] | None
     environ = os.environ if environ is None else environ
     if environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes", "y", "on", "t"):
         return []
-    return environment_gpu_requests(environ) + (["training.bf16=true"] if recipe.training.bf16 else [])
+    return gpu_requests(environ) + (["training.bf16=true"] if recipe.training.bf16 else [])
 
 
 def parse_recipe(argv: list[str]) -> tuple[TrainRecipe, str]:
@@ -155,12 +158,22 @@ def model_init_kwargs(recipe: TrainRecipe, gpus: int = 0, device: str = "cpu") -
     """`from_pretrained` arguments of the trained model, for a process on `device` of a node with
     `gpus` usable GPUs. With GPUs the whole model goes to this process's device: left unset, TRL
     gives a single process `device_map="auto"`, which spreads the model over every GPU of the node
-    (one layer range per GPU, each idle while the others compute). Under DeepSpeed the engine
+    (one layer range per GPU, each idle while the others compute). Under DDP TRL drops the map
+    (each rank loads on the CPU, then moves to its GPU); the refusion path, which loads the model
+    itself, keeps it. Under DeepSpeed the engine
     places the model (ZeRO-3 partitions it as it loads, and transformers refuses a device_map
     there); on CPU there is nothing to place."""
     placed = gpus > 0 and not uses_deepspeed()
     return {"dtype": model_dtype(recipe), "attn_implementation": recipe.model.attn_implementation,
             "device_map": {"": device} if placed else None}
+
+
+def keep_one_gpu(args: SFTConfig, distributed: bool) -> None:
+    """One process on a multi-GPU node trains on the one GPU its model is pinned to
+    (`model_init_kwargs`): left at the node's count, `Trainer` would wrap the model in
+    nn.DataParallel, which TRL refuses once the model has loaded."""
+    if not distributed and args.n_gpu > 1:
+        args._n_gpu = 1
 
 
 def process_device(state: PartialState) -> tuple[int, str]:
@@ -320,6 +333,8 @@ def main(argv: list[str]) -> None:
     require_cuda(training_gpu_requests(recipe))  # never an 8B model on CPU in fp32 without a word
     output_dir = Path(recipe.training.output_dir or f"outputs/train/{recipe_name}")
     changed = check_run_dir(output_dir, recipe)  # another recipe's run is refused, before anything is written
+    check_writable(output_dir, "training.output_dir")  # else a PermissionError once data and model were read
+    check_local_source(recipe.model.name_or_path)  # a directory without weights: refused before any download or load
     state = PartialState(**process_group_kwargs(recipe))
 
     # --- Batch plan and resume: checked before any download or data work ---------
@@ -339,17 +354,24 @@ def main(argv: list[str]) -> None:
         tokenizer = load_tokenizer(model_dir)
     except OSError as error:  # transformers' "not a local folder and not a valid model identifier"
         raise FileNotFoundError(f"model.name_or_path={recipe.model.name_or_path}: {error}") from error
+    # A checkpoint continues only on the rows and the base it was trained on (every rank checks:
+    # a refusal on one alone would leave the others waiting).
+    inputs = {"data_fingerprint": data_fingerprint(recipe.data.path),
+              "model_fingerprint": weights_fingerprint(recipe.model.name_or_path)}
+    recorded_inputs = check_inputs(output_dir, inputs, resuming=checkpoint is not None)
     system = resolve_training_system(recipe.data.system_message, model_dir)
     train_data, eval_data, data_record = load_data(recipe, tokenizer, state, system)
 
     # --- Run directory and trackers --------------------------------------------
     if state.is_main_process:
+        mark_run(output_dir, recorded_inputs)  # first: the directory is headstart's, and what it trains from
         dump_config(recipe, output_dir / "config.yaml")
     configure_trackers(recipe, recipe_name, output_dir, state.is_main_process)
 
     # --- Model and trainer -----------------------------------------------------
     evaluate = eval_data is not None
     args = sft_config(recipe, recipe_name, output_dir, state.num_processes, evaluate, process_device(state))
+    keep_one_gpu(args, distributed=state.distributed_type != DistributedType.NO)
     stop = stop_on_request()  # preemption (slurm/train.sbatch): checkpoint and stop when asked
     model, peft_config, trainer_class, collator, objective_kwargs = model_dir, lora_config(recipe), SFTTrainer, None, {}
     if recipe.objective == "refusion":

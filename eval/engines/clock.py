@@ -39,6 +39,9 @@ class Stopwatch:
         self.device = torch.device(device)
         self.method = timing_method(self.device, mode)
         if self.method == "events":
+            # Untimed work still queued (a priming forward) would otherwise hide this phase's
+            # launch overhead behind it: start on an idle stream, end by an event.
+            torch.cuda.current_stream(self.device).synchronize()
             self._start_event = torch.cuda.Event(enable_timing=True)
             self._start_event.record(torch.cuda.current_stream(self.device))
         else:

@@ -1,0 +1,119 @@
+"""Output directories: which ones headstart wrote, and may therefore write into again.
+
+Every entry point that writes (evaluation and its suite, before/after, training, the
+data builders, the adaptation study) marks its output directory with a run record,
+`headstart-run.json`: {"written_by": "headstart", "kind": ..., "version": ...} plus what
+the entry point records of its run. A directory is recognised by that record only, never
+by a file name users also use (`config.json` is also a model directory's, `config.yaml`
+anybody's). Before anything is read or written, `check_output_dir` sorts a directory:
+
+- new: absent or empty; the run starts there;
+- resumable: it holds the record of this kind (or a directory an earlier version wrote,
+  recognised by its full set of files: see `legacy`);
+- refused: anything else (a file, a non-empty directory without the record, the record
+  of another kind, a damaged record): one line naming it, nothing written.
+
+headstart 0.1 wrote no record, but users have runs: each entry point still recognises
+its own earlier directories by what they hold (the `legacy` test it passes), and the
+record is added when such a directory is resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from headstart import __version__
+
+MARK = "headstart-run.json"
+WRITTEN_BY = "headstart"
+
+Verdict = Literal["new", "resumable"]
+
+
+class OutputDirError(ValueError):
+    """An output directory headstart may not write into (a ValueError: one `error:` line, exit 2)."""
+
+
+def read_mark(directory: Path) -> dict[str, Any] | None:
+    """The run record of `directory`; None when it has none. A record that is not
+    headstart's (damaged, or another program's file of that name) is refused."""
+    path = Path(directory) / MARK
+    if not path.is_file():
+        return None
+    try:
+        mark = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise OutputDirError(f"{path}: not a readable headstart run record ({error}); nothing is written: "
+                             "choose another output_dir, or move the directory away") from error
+    if not isinstance(mark, dict) or mark.get("written_by") != WRITTEN_BY or not isinstance(mark.get("kind"), str):
+        raise OutputDirError(f"{path}: not a headstart run record (no written_by/kind); nothing is written: "
+                             "choose another output_dir, or move the directory away")
+    return mark
+
+
+def check_output_dir(directory: str | Path, kind: str, legacy: Callable[[Path], bool] | None = None,
+                     setting: str = "output_dir") -> Verdict:
+    """Sort `directory` for a run of `kind` (see the module's doc). Reads only. `legacy`:
+    whether an unmarked directory is one this entry point's earlier versions wrote.
+    `setting`: the name the user gave the directory by, for the message."""
+    directory = Path(directory)
+    if not directory.exists():
+        return "new"
+    how = f"nothing is written: choose another {setting} (a new or empty directory), or move {directory} away"
+    if not directory.is_dir():
+        raise OutputDirError(f"{setting} {directory} is a file, not a directory; {how}")
+    mark = read_mark(directory)
+    if mark is not None:
+        if mark["kind"] != kind:
+            raise OutputDirError(f"{directory} holds a headstart {mark['kind']} run, not a {kind} run; {how}")
+        return "resumable"
+    entries = sorted(p.name for p in directory.iterdir())
+    if not entries:
+        return "new"
+    if legacy is not None and legacy(directory):
+        return "resumable"
+    shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
+    raise OutputDirError(f"{setting} {directory} is not empty ({shown}) and holds no {MARK}: headstart did not "
+                         f"create it; {how}")
+
+
+def write_mark(directory: str | Path, kind: str, record: dict[str, Any] | None = None) -> None:
+    """Create `directory` if need be and write its run record (atomically: several shards
+    may start at once, and a reader never sees half a record)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    mark = {"written_by": WRITTEN_BY, "kind": kind, "version": __version__} | (record or {})
+    handle, partial = tempfile.mkstemp(dir=directory, prefix=f".{MARK}.", suffix=".partial")
+    with os.fdopen(handle, "w") as stream:
+        stream.write(json.dumps(mark, indent=1, sort_keys=True) + "\n")
+    os.replace(partial, directory / MARK)
+
+
+def only_entries(directory: Path, names: set[str], patterns: Callable[[str], bool] = lambda name: False) -> bool:
+    """Whether every entry of `directory` is one of `names` (or matches `patterns`): what
+    an earlier version's directory is recognised by, besides its key files."""
+    return all(p.name in names or p.name == MARK or patterns(p.name) for p in directory.iterdir())
+
+
+def check_writable(directory: str | Path, setting: str = "output_dir") -> None:
+    """Refuse, before anything loads, a directory that cannot be created or written: under a
+    file, or where this process may not write. Tried for real (a directory made and removed
+    at once) where the directory or its nearest existing parent is: permission bits do not
+    say it for root, nor on a read-only mount. Leaves nothing behind."""
+    directory = Path(directory).expanduser()
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        where = "is a file" if existing == directory else f"would be under {existing}, which is a file"
+        raise OutputDirError(f"{setting} {directory} {where}, not a directory; choose another {setting}")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".headstart-write-check-"))
+    except OSError as error:
+        what = "" if existing == directory else f" (in {existing}, its nearest existing parent)"
+        raise OutputDirError(f"{setting} {directory} cannot be written{what}: {error.strerror or error}; "
+                             f"choose another {setting}") from error
