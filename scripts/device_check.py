@@ -16,8 +16,8 @@ built from the vendored MBPP), and each stage prints figures to compare:
   stream      a streaming evaluation (chat on MT-Bench, token F1: no sandbox) on cuda and on cpu,
               fp32 without TF32: the forward counts must be equal
 `--stage NAME` (repeatable) reruns stages alone; what they share (tiny model, tokenizer, data)
-is built once into OUTPUT_DIR/assets. OUTPUT_DIR is the check's own: it holds the marker file
-`.headstart-device-check`; a directory without it is never emptied (a non-empty one is refused).
+is built once into OUTPUT_DIR/assets. OUTPUT_DIR is the check's own: it holds headstart's run record (headstart-run.json, kind
+device-check); a directory without it is never emptied (a non-empty one is refused).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from typing import Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # `python scripts/device_check.py` where headstart is not installed (the GPU machine)
-MARKER = ".headstart-device-check"
+KIND = "device-check"  # its headstart.run_dir mark
 DEFAULT_OUTPUT = "/tmp/headstart-device-check"
 # Merged vs adapter-on logits in fp32, relative to the largest logit: a few fp32 roundings (2^-23 each).
 # The README's absolute 1e-5 is this on SmolLM2's logits (about 20); the tiny model's reach about 30.
@@ -138,22 +138,22 @@ class Check:
 # --- The output directory: the check's own, never a user's -----------------------------------
 
 def claim_output_dir(out: Path, replace: bool) -> None:
-    """Create `out` and mark it as the check's. An existing one must be empty or hold the marker;
-    `replace` (a full run) then empties it. A directory without the marker is left untouched."""
-    if out.exists() and not out.is_dir():
-        raise CheckError(f"{out} is a file, not a directory: choose another OUTPUT_DIR")
-    if out.is_dir() and any(out.iterdir()):
-        if not (out / MARKER).is_file():
-            raise CheckError(f"{out} is not empty and holds no {MARKER} (it is not a device check's directory): "
-                             "nothing was removed; choose another OUTPUT_DIR or empty it")
-        if replace:
-            for child in out.iterdir():
-                if child.is_dir() and not child.is_symlink():
-                    shutil.rmtree(child)
-                else:
-                    child.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("written by scripts/device_check.py: its next full run replaces this directory\n")
+    """Create `out` and mark it as the check's (headstart.run_dir). An existing one must be empty
+    or hold the check's mark; `replace` (a full run) then empties it. Any other directory is
+    left untouched."""
+    from headstart.run_dir import OutputDirError, check_output_dir, write_mark
+
+    try:
+        verdict = check_output_dir(out, KIND, setting="OUTPUT_DIR")
+    except OutputDirError as error:
+        raise CheckError(str(error)) from error
+    if verdict == "resumable" and replace:
+        for child in out.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    write_mark(out, KIND, {"note": "scripts/device_check.py: its next full run replaces this directory"})
 
 
 # --- What the stages share: versions, tiny model and tokenizer, data -------------------------
@@ -663,7 +663,7 @@ def cell(text: str) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("output_dir", nargs="?", default=DEFAULT_OUTPUT,
-                        help=f"the check's directory (default {DEFAULT_OUTPUT}; created, or reused when it holds {MARKER})")
+                        help=f"the check's directory (default {DEFAULT_OUTPUT}; created, or reused when it holds its run record)")
     parser.add_argument("--cpu", action="store_true", help="the same stages in fp32 on CPU, every GPU hidden")
     parser.add_argument("--stage", action="append", choices=list(STAGES), help="run only this stage (repeatable)")
     return parser.parse_args(argv)

@@ -6,7 +6,7 @@
 #   bash scripts/device_check.sh --stage zero3 [OUTPUT_DIR]      # one stage again (repeatable)
 #   bash scripts/device_check.sh --wheels .whl [OUTPUT_DIR]      # first install the wheels that
 #       scripts/device_wheels.sh downloaded (a machine without network); must come first
-# OUTPUT_DIR is created and marked (.headstart-device-check); a directory without the marker is
+# OUTPUT_DIR is created and marked (headstart-run.json, kind device-check); a directory without it is
 # never emptied, and a non-empty one is refused.
 set -euo pipefail
 cd "$(dirname "$0")/.."

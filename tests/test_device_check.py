@@ -17,7 +17,9 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "device_check.sh"
 sys.path.insert(0, str(REPO / "scripts"))
 
-from device_check import MARKER, STAGES, CheckError, claim_output_dir  # noqa: E402
+from device_check import STAGES, CheckError, claim_output_dir  # noqa: E402
+
+from headstart.run_dir import MARK  # noqa: E402
 
 
 def self_distilled_rows(model: str) -> Dataset:
@@ -51,24 +53,24 @@ def test_a_directory_without_the_marker_is_refused_and_left_whole(tmp_path):
     result = subprocess.run(["bash", str(SCRIPT), "--cpu", str(users)], cwd=REPO, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 2
-    assert f"{users} is not empty and holds no {MARKER}" in result.stderr and "nothing was removed" in result.stderr
-    assert (users / "thesis.tex").read_text() == "months of work\n" and not (users / MARKER).exists()
+    assert f"{users} is not empty (thesis.tex) and holds no {MARK}" in result.stderr and "nothing is written" in result.stderr
+    assert (users / "thesis.tex").read_text() == "months of work\n" and not (users / MARK).exists()
 
 
 def test_only_a_marked_directory_is_emptied(tmp_path):
     new = tmp_path / "new" / "check"
     claim_output_dir(new, replace=True)  # created, parents too, and marked
-    assert (new / MARKER).is_file()
+    assert (new / MARK).is_file()
     (new / "old-stage").mkdir()
     (new / "old-stage" / "log").write_text("x")
     claim_output_dir(new, replace=False)  # a stage rerun keeps what the other stages wrote
     assert (new / "old-stage" / "log").is_file()
     claim_output_dir(new, replace=True)  # a full run replaces it
-    assert sorted(p.name for p in new.iterdir()) == [MARKER]
+    assert sorted(p.name for p in new.iterdir()) == [MARK]
     empty = tmp_path / "empty"
     empty.mkdir()
     claim_output_dir(empty, replace=True)
-    assert (empty / MARKER).is_file()
+    assert (empty / MARK).is_file()
     (tmp_path / "file").write_text("")
     with pytest.raises(CheckError, match="is a file, not a directory"):
         claim_output_dir(tmp_path / "file", replace=True)
