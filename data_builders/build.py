@@ -39,8 +39,9 @@ from headstart.devices import default_device
 from headstart.vllm_client import vllm_unavailable
 
 
-def validate(config: BuildConfig) -> None:
-    """Reject settings that cannot work, naming the key."""
+def validate(config: BuildConfig, machine: bool = True) -> None:
+    """Reject settings that cannot work, naming the key. `machine=False` leaves out what only the
+    machine that builds can tell (whether its vLLM runs: slurm/check_args.py validates on a login node)."""
     choices = {
         "format": (config.format, ("ar", "refusion")),
         "pairs": (config.pairs, ("prefix_to_answer", "draft_refinement")),
@@ -62,7 +63,7 @@ def validate(config: BuildConfig) -> None:
     if not 0 <= config.validation_fraction < 1:
         raise RecipeError("validation_fraction must be in [0, 1)")
     generation = config.generation
-    if generation.backend == "vllm" and _needs_model(config):
+    if machine and generation.backend == "vllm" and _needs_model(config):
         reason = vllm_unavailable(generation.vllm, generation.device or default_device())
         if reason:
             raise RecipeError(f"generation.backend=vllm: {reason}")

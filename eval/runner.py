@@ -27,7 +27,7 @@ from eval.shards import MANIFEST, SHARDS_DIR, Shard, merge_into, merged_records,
 from eval.reporting.typing_report import typing_report
 from headstart.config import config_to_dict, dump_config
 from headstart.devices import resolve_device
-from headstart.models import LoadedModel, default_dtype, load_model, weights_fingerprint
+from headstart.models import LoadedModel, load_model, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 from headstart.refusion import mask_token_id
 from headstart.run_dir import check_output_dir, check_writable, only_entries, write_mark
@@ -43,22 +43,20 @@ from headstart.vllm_client import needed_model_len, vllm_unavailable
 # forwards); `vllm` the engines' memory, parallelism and compilation; `record_tokens` and
 # `typing`/`typing_policy` add fields or a report derived from the records; `benchmarks`,
 # `data_paths`, `acceptances`, `report_only` are the suite's (each run gets its own benchmark,
-# data_path and acceptance); `device` is recorded through the dtype it implies (below).
+# data_path and acceptance); `device` is not a key: a merge or report job runs where no model
+# loads (a CPU node for a GPU run's shards), and counts do not depend on it.
 RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "system_prompt", "dtype", "sandbox_cpu_seconds",
                "backend")
 # And what they were computed from, by content: the weights loaded (model and adapter,
 # headstart.models.weights_fingerprint) and the data read (eval.benchmarks.data_fingerprint).
 # The same path holding other weights (a retrained adapter) is other settings.
 FINGERPRINT_KEYS = ("weights_fingerprint", "data_fingerprint")
-# Recorded as resolved, when known: the torch dtype the model runs in (dtype=null means bf16
-# on a GPU, fp32 on CPU, so the device decides it).
-RESOLVED_KEYS = ("torch_dtype",)
 # What results written before a setting existed were made with, where that differs from its
-# default. Results written before fingerprints (or the resolved dtype) were recorded were made
+# default. Results written before fingerprints were recorded were made
 # from unknown bytes (None): they resume with a warning, and their config.json keeps None (it
 # never vouches for them). `sandbox_cpu_seconds` and `backend` were added at their defaults
 # (the benchmark's own limit; transformers, the only backend then).
-LEGACY_SETTINGS = {"regenerate": "plain", "weights_fingerprint": None, "data_fingerprint": None, "torch_dtype": None}
+LEGACY_SETTINGS = {"regenerate": "plain", "weights_fingerprint": None, "data_fingerprint": None}
 # What the evaluator writes into a results directory (config.json aside).
 EVALUATOR_FILES = ("results.jsonl", "summary.json", "report.md", "config.yaml")
 # Everything a results directory of an earlier version (without headstart.run_dir.MARK) may
@@ -382,15 +380,7 @@ def result_settings(config: EvalConfig) -> dict[str, Any]:
     return settings | {
         "weights_fingerprint": weights_fingerprint(config.model, config.adapter),
         "data_fingerprint": data_fingerprint(config.benchmark, config.data_path),
-        "torch_dtype": resolved_dtype(config),
     }
-
-
-def resolved_dtype(config: EvalConfig) -> str:
-    """The dtype the model runs in, by name (`dtype`, else the device's default)."""
-    if config.dtype:
-        return str(config.dtype).removeprefix("torch.")
-    return str(default_dtype(resolve_device(config.device))).removeprefix("torch.")
 
 
 def saved_settings(output_dir: Path) -> dict[str, Any]:
@@ -427,7 +417,7 @@ def _check_resumable(output_dir: Path, current: dict[str, Any]) -> dict[str, Any
                              "of those results are unknown; choose another output_dir")
         return current
     saved = saved_settings(output_dir)
-    unrecorded = [k for k in FINGERPRINT_KEYS + RESOLVED_KEYS if saved[k] is None]
+    unrecorded = [k for k in FINGERPRINT_KEYS if saved[k] is None]
     changed = {k: (saved[k], v) for k, v in current.items() if k not in unrecorded and saved[k] != v}
     if changed:
         detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())
@@ -444,8 +434,8 @@ def _check_resumable(output_dir: Path, current: dict[str, Any]) -> dict[str, Any
 def _legacy_results_dir(directory: Path) -> bool:
     """A results directory of an earlier version (no run record): only the evaluator's names,
     with config.json beside config.yaml, or a sharded run's shards/ alone."""
-    if not only_entries(directory, EVALUATOR_NAMES):
-        return False
+    if not only_entries(directory, EVALUATOR_NAMES) or not _has_progress(directory):
+        return False  # names alone do not make a results directory: a user's config.json is no result
     if (directory / "config.json").is_file() and (directory / "config.yaml").is_file():
         return True
     shards = directory / SHARDS_DIR

@@ -6,8 +6,9 @@ CPU-only build on a GPU node) reports `torch.cuda.is_available() == False`, and 
 the run says what asked for a GPU and stops instead. What asks for one:
 - the environment: a Slurm allocation with GPUs (`SLURM_GPUS_ON_NODE`, `SLURM_JOB_GPUS`,
   `SLURM_STEP_GPUS`) or a non-empty `CUDA_VISIBLE_DEVICES` other than "-1";
-- the host: an NVIDIA driver loaded (`/proc/driver/nvidia/version`), unless
-  `CUDA_VISIBLE_DEVICES` hides every GPU;
+- for training, the host too: an NVIDIA driver loaded (`/proc/driver/nvidia/version`), unless
+  `CUDA_VISIBLE_DEVICES` hides every GPU (an evaluation's merge or report job runs on GPU
+  nodes without a GPU, and loads no model);
 - the run's own settings: a training recipe with `training.bf16: true`, an evaluation with
   `device=cuda...`.
 An explicit CPU choice (`device=cpu`, `accelerate launch --cpu`) overrides the environment.
@@ -89,7 +90,7 @@ def gpu_requests(environ: Mapping[str, str] | None = None, driver_file: Path = N
 
 def default_device(environ: Mapping[str, str] | None = None) -> str:
     """cuda when it works; cpu when it does not and nothing asked for a GPU (else refused)."""
-    require_cuda(gpu_requests(environ))
+    require_cuda(environment_gpu_requests(environ))
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -103,7 +104,7 @@ def resolve_device(device: str | None, environ: Mapping[str, str] | None = None)
 
 
 # The dtypes a model loads in (headstart.models.from_pretrained_kwargs: `getattr(torch, name)`).
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def check_dtype(dtype: str | None, setting: str = "dtype") -> None:

@@ -32,6 +32,13 @@ MARK = "headstart-run.json"
 WRITTEN_BY = "headstart"
 
 Verdict = Literal["new", "resumable"]
+# headstart's own passing files (a write probe, a record being written): never a user's.
+TRANSIENT_PREFIXES = (".headstart-write-check-", f".{MARK}.")
+
+
+def _entries(directory: Path) -> list[Path]:
+    """What `directory` holds, less headstart's transient files (another rank's, or a killed one's)."""
+    return [p for p in directory.iterdir() if not p.name.startswith(TRANSIENT_PREFIXES)]
 
 
 class OutputDirError(ValueError):
@@ -71,7 +78,7 @@ def check_output_dir(directory: str | Path, kind: str, legacy: Callable[[Path], 
         if mark["kind"] != kind:
             raise OutputDirError(f"{directory} holds a headstart {mark['kind']} run, not a {kind} run; {how}")
         return "resumable"
-    entries = sorted(p.name for p in directory.iterdir())
+    entries = sorted(p.name for p in _entries(directory))
     if not entries:
         return "new"
     if legacy is not None and legacy(directory):
@@ -96,7 +103,7 @@ def write_mark(directory: str | Path, kind: str, record: dict[str, Any] | None =
 def only_entries(directory: Path, names: set[str], patterns: Callable[[str], bool] = lambda name: False) -> bool:
     """Whether every entry of `directory` is one of `names` (or matches `patterns`): what
     an earlier version's directory is recognised by, besides its key files."""
-    return all(p.name in names or p.name == MARK or patterns(p.name) for p in directory.iterdir())
+    return all(p.name in names or p.name == MARK or patterns(p.name) for p in _entries(directory))
 
 
 def check_writable(directory: str | Path, setting: str = "output_dir") -> None:

@@ -27,7 +27,7 @@ def check_data(argv: list[str]) -> None:
     from data_builders.build import validate
     from data_builders.config import BuildConfig
 
-    validate(load_config(BuildConfig, argv))
+    validate(load_config(BuildConfig, argv), machine=False)  # the compute node's vLLM is its own
 
 
 def check_train(argv: list[str]) -> None:

@@ -89,7 +89,7 @@ def test_results_of_an_earlier_version_resume_and_get_the_mark(tmp_path, tiny_qw
     run_evaluation(config_for(tiny_qwen3_dir, out))
     (out / MARK).unlink()
     saved = json.loads((out / "config.json").read_text())
-    for key in ("sandbox_cpu_seconds", "backend", "torch_dtype"):  # keys added since
+    for key in ("sandbox_cpu_seconds", "backend"):  # keys added since
         del saved[key]
     (out / "config.json").write_text(json.dumps(saved))
     assert run_evaluation(config_for(tiny_qwen3_dir, out, limit=2))["requests"] == 2
@@ -113,7 +113,18 @@ def test_training_refuses_a_directory_holding_unrelated_files(tmp_path):
     (legacy / "checkpoint-2").mkdir(parents=True)
     (legacy / "checkpoint-2" / COMPLETE_MARKER).write_text("2\n")
     dump_config(recipe, legacy / "config.yaml")
+    (legacy / "README.md").write_text("---\nlibrary_name: peft\n---\n")  # TRL's model card, at every save
     assert check_run_dir(legacy, recipe) == {}
+    # But a user's folder holding only a recipe is no run of ours: its config.yaml is not replaced.
+    project = tmp_path / "project"
+    project.mkdir()
+    dump_config(recipe, project / "config.yaml")
+    with pytest.raises(OutputDirError, match="holds no headstart-run.json"):
+        check_run_dir(project, recipe)
+    # headstart's own passing files (another rank's write probe) are not a user's.
+    probe = tmp_path / "probed"
+    (probe / ".headstart-write-check-x1").mkdir(parents=True)
+    assert check_output_dir(probe, "train") == "new"
     assert check_output_dir(tmp_path / "absent", "train") == "new"
     (tmp_path / "empty").mkdir()
     assert check_output_dir(tmp_path / "empty", "train") == "new"

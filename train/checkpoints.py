@@ -42,7 +42,8 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 RUN_KIND = "train"
 # What a run directory of an earlier version (without headstart.run_dir.MARK) may hold: the
 # recipe, checkpoints, the adapter and merged model, the trackers' files (train/tracking.py).
-RUN_NAMES = {"config.yaml", "adapter", "merged", "tensorboard", "wandb", "wandb_run_id", "runs"}
+# README.md: the model card TRL writes beside the checkpoints.
+RUN_NAMES = {"config.yaml", "adapter", "merged", "tensorboard", "wandb", "wandb_run_id", "runs", "README.md"}
 # What a run was trained from, by content (recorded in its run record): a resume on other
 # rows or another base would continue the old steps on inputs they never saw.
 INPUT_KEYS = ("data_fingerprint", "model_fingerprint")
@@ -194,8 +195,8 @@ def has_progress(directory: Path) -> bool:
 def _legacy_run_dir(directory: Path) -> bool:
     """A run directory of an earlier version (no run record): only a run's names, with its
     recipe, a checkpoint or an adapter among them."""
-    return only_entries(directory, RUN_NAMES, lambda name: bool(_CHECKPOINT.match(name))) and (
-        (directory / "config.yaml").is_file() or has_progress(directory))
+    # Progress, not names alone: a user's folder holding just a config.yaml is no run of ours.
+    return only_entries(directory, RUN_NAMES, lambda name: bool(_CHECKPOINT.match(name))) and has_progress(directory)
 
 
 def check_inputs(output_dir: str | Path, inputs: dict[str, str], resuming: bool) -> dict[str, str | None]:

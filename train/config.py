@@ -263,8 +263,8 @@ def validate_numbers(recipe: TrainRecipe) -> None:
     for name in ("weight_decay", "eval_steps", "dataloader_num_workers"):
         if getattr(t, name) < 0:
             raise RecipeValueError(f"training.{name} must be >= 0, got {getattr(t, name)}")
-    if t.max_grad_norm <= 0:
-        raise RecipeValueError(f"training.max_grad_norm must be > 0, got {t.max_grad_norm}")
+    if t.max_grad_norm < 0:
+        raise RecipeValueError(f"training.max_grad_norm must be >= 0 (0: no clipping), got {t.max_grad_norm}")
     if t.logging_steps < 1:
         raise RecipeValueError(f"training.logging_steps must be >= 1, got {t.logging_steps}")
     if t.save_total_limit is not None and t.save_total_limit < 1:
