@@ -55,6 +55,8 @@ def check_safetensors(path: Path) -> None:
         raise ModelFileError(f"{path}: cannot be read ({error.strerror or error})") from error
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ModelFileError(f"{path}: not a safetensors file (its header is not JSON)") from error
+    if not isinstance(header, dict):
+        raise ModelFileError(f"{path}: not a safetensors file (its header is not a JSON object)")
     ends = [entry["data_offsets"][1] for name, entry in header.items()
             if name != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry]
     needed = 8 + length + max(ends, default=0)
@@ -83,7 +85,8 @@ def check_model_dir(directory: Path) -> None:
         raise ModelFileError(f"{directory}: holds no weights (none of {', '.join(MODEL_WEIGHTS)}): "
                              "an unfinished save or download?")
     if found.name.endswith(".index.json"):
-        weight_map = read_json(found).get("weight_map")
+        index = read_json(found)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise ModelFileError(f"{found}: names no weight files (no weight_map)")
         for shard in sorted(set(weight_map.values())):
