@@ -72,13 +72,14 @@ def test_data_without_the_full_request_is_an_error_naming_the_field(tiny_tokeniz
         tokenize_dataset(Dataset.from_list(rows), tiny_tokenizer, family, "incomplete_request", "distill")
 
 
-def test_sft_refuses_distill_data_without_the_full_request_before_loading_a_model(tmp_path, tiny_tokenizer_dir):
-    """The `model` here is a tokenizer without weights: loading a model would fail otherwise."""
+def test_sft_refuses_distill_data_without_the_full_request_before_loading_a_model(tmp_path, tiny_qwen3_dir):
+    """The data is checked before the model loads and before the run directory is written
+    (a model directory without weights is refused even earlier, by headstart.model_files)."""
     data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(4))
     out = tmp_path / "run"
     result = subprocess.run(
         [sys.executable, "train/sft.py", "recipe=smollm2_distill",
-         *tiny_overrides(tiny_tokenizer_dir, data, out)],
+         *tiny_overrides(tiny_qwen3_dir, data, out)],
         cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 2, result.stderr[-3000:]
