@@ -83,9 +83,14 @@ def deepspeed_zero_stage() -> int | None:
     return int(stage) if stage.isdigit() else None
 
 
+def uses_deepspeed() -> bool:
+    """Whether accelerate launched this process under DeepSpeed (its environment says so)."""
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
 def launch_topology(world_size: int) -> Topology:
     """The topology of this launch, known before the trainer exists (accelerate's environment)."""
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+    if uses_deepspeed():
         return Topology(world_size, "deepspeed", deepspeed_zero_stage())
     return Topology(world_size, "torch")
 

@@ -49,7 +49,7 @@ from headstart.prompts import Family, detect_family, write_training_record  # no
 from headstart.refusion import mask_token_id  # noqa: E402
 from train.checkpoints import (  # noqa: E402
     CompletenessMarker, StepDelay, StopOnRequest, Topology, check_inputs, check_resume, check_run_dir,
-    last_complete_checkpoint, launch_topology, mark_run, stop_on_request,
+    last_complete_checkpoint, launch_topology, mark_run, stop_on_request, uses_deepspeed,
 )
 from train.config import BatchPlan, TrainRecipe, batch_plan, validate  # noqa: E402
 from train.data import (  # noqa: E402
@@ -96,10 +96,6 @@ def parse_recipe(argv: list[str]) -> tuple[TrainRecipe, str]:
         argv = [f"recipe={DEFAULT_RECIPE}", *argv]
     name = Path([a for a in argv if a.startswith("recipe=")][-1].split("=", 1)[1]).stem
     return validate(load_config(TrainRecipe, argv)), name
-
-
-def uses_deepspeed() -> bool:
-    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
 
 
 def process_state_kwargs() -> dict:
