@@ -1,6 +1,6 @@
 """Throughput and peak memory of the LMSYS builder (no generation) as the input grows.
 
-Writes synthetic LMSYS-Chat-1M files in the real schema (data_builders.synthetic),
+Writes synthetic LMSYS-Chat-1M files in the real schema (benchmarks/synthetic_corpus.py),
 runs `python -m data_builders recipe=lmsys_prefix answers=reference ...` on each
 in a fresh process, and samples the memory of that process and its map workers.
 
@@ -24,10 +24,11 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from headstart.paths import CHECKOUT, DATA_DIR, use_checkout
 
-from data_builders.synthetic import lmsys_rows, write_jsonl  # noqa: E402
+use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
+
+from synthetic_corpus import lmsys_rows, write_jsonl  # noqa: E402
 
 
 def process_tree(pid: int) -> list[int]:
@@ -66,9 +67,9 @@ def run_build(input_path: Path, output: Path, num_proc: int, data_dir: str) -> d
         f"num_proc={num_proc}", f"output_dir={output}", f"decontamination.data_dir={data_dir}",
         "decontamination.on_missing=skip", "keep_work_dir=false",
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(CHECKOUT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     started = time.perf_counter()
-    process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(argv, cwd=CHECKOUT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     peak = [0, 0]
 
     def sample() -> None:
@@ -98,11 +99,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[50_000, 200_000])
     parser.add_argument("--num-proc", type=int, default=2)
-    parser.add_argument("--data-dir", default=str(ROOT / "data"), help="benchmark files for decontamination")
+    parser.add_argument("--data-dir", default=str(DATA_DIR), help="benchmark files for decontamination")
     parser.add_argument("--workdir", default=None, help="where the synthetic inputs go (default: a temp dir)")
     args = parser.parse_args()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_data_builders-"))
-    print(f"{'rows':>8} {'MB':>6} {'seconds':>8} {'rows/s':>8} {'peak PSS MiB':>13} {'peak anon MiB':>14} {'requests':>9} {'pairs':>8}")
+    print(f"{'rows':>8} {'MB':>6} {'seconds':>8} {'rows/s':>8} {'peak PSS MiB':>13} {'peak anon MiB':>14} "
+          f"{'requests':>9} {'pairs':>8}")
     for size in args.sizes:
         path = workdir / f"lmsys-{size}.jsonl"
         if not path.exists():

@@ -31,13 +31,18 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig
-from eval.engines.decode import DecodeSpec
-from eval.engines.fast_path import Drafting, batched_greedy, final_update
-from eval.reporting.tables import markdown_rows
-from eval.runner import StreamingEvaluator, load_records
-from headstart.models import load_model
+from headstart.paths import outputs_dir, use_checkout
+
+use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
+
+from eval.benchmarks import get_benchmark  # noqa: E402
+from eval.config import EvalConfig  # noqa: E402
+from eval.engines.decode import DecodeSpec  # noqa: E402
+from eval.engines.fast_path import Drafting, batched_greedy, final_update  # noqa: E402
+from eval.evaluator import StreamingEvaluator  # noqa: E402
+from eval.reporting.tables import markdown_rows  # noqa: E402
+from headstart.files import read_jsonl  # noqa: E402
+from headstart.models import load_model  # noqa: E402
 
 BLOCKS = (2, 4, 6, 8, 10, 16, 24, 32)
 # (longest n-gram, shortest n-gram, occurrence) at --variant-block; blocks are swept at (3, 1, first).
@@ -62,7 +67,7 @@ def forward_costs(evaluator: StreamingEvaluator, prompt_ids: list[int], widths: 
 
 def recorded_drafts(results_dir: Path) -> dict[str, list[list[int]]]:
     """The drafts an evaluation run with `record_tokens=true` stored, by request id."""
-    records = load_records(results_dir / "results.jsonl")
+    records = read_jsonl(results_dir / "results.jsonl")
     if records and "draft_token_ids" not in records[0]:
         raise ValueError(f"{results_dir} was not evaluated with record_tokens=true: it holds no drafts")
     return {r["request_id"]: r["draft_token_ids"] for r in records}
@@ -112,7 +117,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--variant-block", type=int, default=10, help="block size of the n-gram and occurrence variants")
-    parser.add_argument("--output-dir", default="outputs/bench/lookup_policy")
+    parser.add_argument("--output-dir", default=str(outputs_dir("bench", "lookup_policy")))
     parser.add_argument("--drafts-from", default=None,
                         help="a greedy results dir evaluated with record_tokens=true (same model, benchmark, tokens): its drafts")
     args = parser.parse_args()

@@ -24,11 +24,14 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from eval.config import EvalConfig
-from eval.runner import run_evaluation
-from headstart.config import find_recipe, load_config
+from headstart.paths import CHECKOUT, outputs_dir, use_checkout
 
-ROOT = Path(__file__).resolve().parent.parent
+use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
+
+from eval.config import EvalConfig  # noqa: E402
+from eval.runner import run_evaluation  # noqa: E402
+from headstart.config import find_recipe, load_config  # noqa: E402
+
 TRAIN_RECIPE = "smollm2_refusion"
 EVAL_RECIPE = "humaneval_smollm2_refusion"
 # The data build of the training recipe (its header), from the samples vendored in data/, offline.
@@ -44,7 +47,7 @@ TRAIN_COMMAND = ["accelerate", "launch", "train/sft.py", f"recipe={TRAIN_RECIPE}
 
 def run(command: list[str]) -> None:
     print("$ " + shlex.join(command), flush=True)
-    subprocess.run(command, cwd=ROOT, check=True)
+    subprocess.run(command, cwd=CHECKOUT, check=True)
 
 
 def ensure_trained_model(model_dir: Path) -> None:
@@ -52,7 +55,7 @@ def ensure_trained_model(model_dir: Path) -> None:
     if (model_dir / "config.json").is_file():
         return
     data_path = Path(OmegaConf.load(find_recipe(TRAIN_RECIPE)).data.path)
-    if not (ROOT / data_path).exists():
+    if not (CHECKOUT / data_path).exists():
         run(DATA_COMMAND + [f"output_dir={data_path}"])
     run(TRAIN_COMMAND)
     if not (model_dir / "config.json").is_file():
@@ -65,7 +68,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default: the recipe's")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--output-dir", default="outputs/bench/refusion")
+    parser.add_argument("--output-dir", default=str(outputs_dir("bench", "refusion")))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     overrides = [f"limit={args.limit}", f"output_dir={args.output_dir}"]
@@ -73,7 +76,7 @@ def main() -> None:
     overrides += [f"decode.max_new_tokens={args.max_new_tokens}"] if args.max_new_tokens else []
     config = load_config(EvalConfig, [f"recipe={EVAL_RECIPE}", *overrides])
     if not args.model:
-        ensure_trained_model(ROOT / config.model)
+        ensure_trained_model(CHECKOUT / config.model)
     start = time.perf_counter()
     summary = run_evaluation(config)
     decode = config.decode

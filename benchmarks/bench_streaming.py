@@ -20,12 +20,17 @@ from pathlib import Path
 
 import torch
 
-from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig
-from eval.engines.decode import DecodeSpec
-from eval.reporting.tables import markdown_table
-from eval.runner import StreamingEvaluator, run_evaluation
-from headstart.models import load_model
+from headstart.paths import outputs_dir, use_checkout
+
+use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
+
+from eval.benchmarks import get_benchmark  # noqa: E402
+from eval.config import EvalConfig  # noqa: E402
+from eval.engines.decode import DecodeSpec  # noqa: E402
+from eval.evaluator import StreamingEvaluator  # noqa: E402
+from eval.reporting.tables import markdown_table  # noqa: E402
+from eval.runner import run_evaluation  # noqa: E402
+from headstart.models import load_model  # noqa: E402
 
 COUNTS = ("base_answer", "stream_answer", "draft_tokens", "accepted_tokens",
           "baseline_forwards", "residual_forwards", "drafting_forwards")
@@ -50,7 +55,7 @@ def evaluator_cost(loaded, config: EvalConfig, compare: int) -> tuple[Cost, Cost
 class Cost:
     """Wall-clock and process CPU seconds of a `with` block."""
 
-    def __enter__(self) -> "Cost":
+    def __enter__(self) -> Cost:
         self.wall, self.cpu = -time.perf_counter(), -time.process_time()
         return self
 
@@ -74,7 +79,7 @@ def main() -> None:
     parser.add_argument("--compare", type=int, default=5, help="problems timed with both engines (0: none)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--output-dir", default="outputs/bench/streaming")
+    parser.add_argument("--output-dir", default=str(outputs_dir("bench", "streaming")))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaded = load_model(args.model)

@@ -19,10 +19,14 @@ from dataclasses import replace
 
 import torch
 
-from eval.config import EvalConfig
-from eval.suite import report_finished, run_suite
-from headstart.config import load_config
-from headstart.models import load_model
+from headstart.paths import outputs_dir, use_checkout
+
+use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
+
+from eval.config import EvalConfig  # noqa: E402
+from eval.suite import report_finished, run_suite  # noqa: E402
+from headstart.config import load_config  # noqa: E402
+from headstart.models import load_model  # noqa: E402
 
 
 def main() -> None:
@@ -41,7 +45,7 @@ def main() -> None:
     parser.add_argument("--output-dir", default=None, help="default outputs/bench/suite-<limit>-<max_new_tokens>-<regenerate>")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    output_dir = args.output_dir or f"outputs/bench/suite-{args.limit}-{args.max_new_tokens}-{args.regenerate}"
+    output_dir = args.output_dir or str(outputs_dir("bench", f"suite-{args.limit}-{args.max_new_tokens}-{args.regenerate}"))
     config = load_config(EvalConfig, ["recipe=suite_smollm2"])
     config.model, config.limit, config.output_dir = args.model, args.limit, output_dir
     config.decode = replace(config.decode, max_new_tokens=args.max_new_tokens, regenerate=args.regenerate)

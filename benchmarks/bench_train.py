@@ -23,14 +23,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from headstart.models import resolve_model_dir
+from headstart.paths import CHECKOUT, DATA_DIR
+from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
+from headstart.segment import segment_request
 
-from headstart.models import resolve_model_dir  # noqa: E402
-from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM  # noqa: E402
-from headstart.segment import segment_request  # noqa: E402
-
-MAGICODER = REPO / "data" / "code_sft" / "magicoder_oss_instruct_75k_sample500.jsonl"
+MAGICODER = DATA_DIR / "code_sft" / "magicoder_oss_instruct_75k_sample500.jsonl"
 
 
 def dialogues(n: int) -> list[list[dict[str, str]]]:
@@ -75,9 +73,9 @@ def ours_command(model: str, data: Path, out: Path, a: argparse.Namespace, packi
         sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "train/sft.py",
         "recipe=smollm2_prefix", f"model.name_or_path={model}", f"data.path={data}",
         f"training.output_dir={out}", f"training.max_steps={a.steps}", f"training.max_length={a.max_length}",
-        f"training.per_device_train_batch_size={a.batch}", f"training.effective_batch_size={a.batch * a.accumulation}",
+        f"training.per_device_train_batch_size={a.batch}", f"run.effective_batch_size={a.batch * a.accumulation}",
         "training.learning_rate=2e-4", f"training.save_steps={a.steps}", "training.report_to=[none]",
-        "training.merge=false", f"training.packing={str(packing).lower()}",
+        "run.merge=false", f"training.packing={str(packing).lower()}",
     ]
 
 
@@ -122,7 +120,7 @@ def figures(out: Path, wall: float) -> dict[str, float]:
 
 def run(name: str, command: list[str], out: Path, env: dict[str, str]) -> dict[str, float]:
     start = time.perf_counter()
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    result = subprocess.run(command, cwd=CHECKOUT, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if result.returncode != 0:
         raise SystemExit(f"{name} failed:\n{' '.join(command)}\n{result.stderr[-4000:]}")
@@ -159,8 +157,9 @@ def main() -> None:
                     results.setdefault(f"{name} | {layout}", []).append(figures_)
                     print(f"{name:13s} {layout:8s} {_fmt(figures_)}", flush=True)
     summary = {key: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for key, runs in results.items()}
-    print(f"\nmodel {a.model}, {a.rows} dialogues, {a.steps} steps, medians of {a.repeats} run(s), batch {a.batch} x accumulation "
-          f"{a.accumulation}, max_length {a.max_length}, {'GPU bf16' if a.gpu else f'CPU fp32, {a.threads} threads'}")
+    print(f"\nmodel {a.model}, {a.rows} dialogues, {a.steps} steps, medians of {a.repeats} run(s), "
+          f"batch {a.batch} x accumulation {a.accumulation}, max_length {a.max_length}, "
+          f"{'GPU bf16' if a.gpu else f'CPU fp32, {a.threads} threads'}")
     print("| trainer | layout | s/step | real tokens/s | real tokens/step | padding share | first step s | wall s | final loss |")
     print("|---|---|---|---|---|---|---|---|---|")
     for key in sorted(summary, key=lambda k: (k.split(" | ")[1] != "padding", k)):

@@ -23,18 +23,22 @@ from pathlib import Path
 
 import torch
 
-from data_builders.answer_cache import AnswerCache
-from data_builders.config import GenerationConfig
-from data_builders.generation import GenerationSettings, greedy_answers_finished
-from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig
-from eval.engines.decode import DecodeSpec
-from eval.runner import StreamingEvaluator
-from headstart.models import load_model
-from headstart.vllm_client import VLLMSettings, vllm_unavailable
+from headstart.paths import DATA_DIR, use_checkout
 
-ROOT = Path(__file__).resolve().parents[1]
-MAGICODER = ROOT / "data" / "code_sft" / "magicoder_oss_instruct_75k_sample500.jsonl"
+use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
+
+from data_builders.answer_cache import AnswerCache  # noqa: E402
+from data_builders.config import GenerationConfig  # noqa: E402
+from data_builders.generation import GenerationSettings, greedy_answers_finished  # noqa: E402
+from eval.benchmarks import get_benchmark  # noqa: E402
+from eval.config import EvalConfig  # noqa: E402
+from eval.engines.decode import DecodeSpec  # noqa: E402
+from eval.evaluator import StreamingEvaluator  # noqa: E402
+from headstart.models import load_model  # noqa: E402
+from headstart.vllm_client import vllm_unavailable  # noqa: E402
+from headstart.vllm_settings import VLLMSettings  # noqa: E402
+
+MAGICODER = DATA_DIR / "code_sft" / "magicoder_oss_instruct_75k_sample500.jsonl"
 
 
 def distill(backend: str, requests: list[str], args, work: Path) -> dict:
@@ -52,9 +56,9 @@ def drafting(loaded, backend: str, acceptance: str, requests, args) -> dict:
     """Drafts D_1..D_{n-1} of every request and their forwards, as the evaluator's fast path computes them."""
     decode = DecodeSpec(acceptance=acceptance, max_new_tokens=args.max_new_tokens)
     start = time.perf_counter()
-    evaluator = StreamingEvaluator(loaded, EvalConfig(model="smollm2", decode=decode, backend=backend,
-                                                      fast_batch_size=args.vllm_batch if backend == "vllm" else args.hf_eval_batch,
-                                                      vllm=vllm_settings(args)))
+    evaluator = StreamingEvaluator(loaded, EvalConfig(
+        model="smollm2", decode=decode, backend=backend,
+        fast_batch_size=args.vllm_batch if backend == "vllm" else args.hf_eval_batch, vllm=vllm_settings(args)))
     started = time.perf_counter()
     try:
         prompts = [evaluator.prompts(request) for request in requests]
@@ -85,7 +89,8 @@ def main() -> None:
                         help="transformers drafting batch (the evaluator's default)")
     parser.add_argument("--vllm-batch", type=int, default=256, help="prompts per vLLM call (and fast_batch_size)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the transformers side")
-    parser.add_argument("--vllm-cpu-bind", default="0", help="CPU: cores of vLLM's threads (VLLM_CPU_OMP_THREADS_BIND; '0': one, as --threads 1)")
+    parser.add_argument("--vllm-cpu-bind", default="0",
+                        help="CPU: cores of vLLM's threads (VLLM_CPU_OMP_THREADS_BIND; '0': one, as --threads 1)")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     missing = vllm_unavailable(device=args.device)
@@ -94,7 +99,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     loaded = load_model("smollm2", device=args.device)
     tokenizer = loaded.tokenizer
-    lines = [f"| task | backend | tokens | wall s | tokens/s | agreement |", "|---|---|---|---|---|---|"]
+    lines = ["| task | backend | tokens | wall s | tokens/s | agreement |", "|---|---|---|---|---|---|"]
 
     requests = [json.loads(line)["problem"] for line in MAGICODER.open()][: args.distill]
     with tempfile.TemporaryDirectory() as work:

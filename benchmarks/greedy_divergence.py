@@ -15,14 +15,43 @@ gap would be a bug.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import PreTrainedModel
 
-from eval.benchmarks import Request, get_benchmark
-from eval.divergence import first_divergence
-from eval.runner import StreamingEvaluator, load_records, saved_config
-from headstart.models import load_model
+from headstart.paths import use_checkout
+
+use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
+
+from eval.benchmarks import Request, get_benchmark  # noqa: E402
+from eval.engines.tokens import common_prefix_length  # noqa: E402
+from eval.evaluator import StreamingEvaluator  # noqa: E402
+from eval.results_dir import saved_config  # noqa: E402
+from headstart.files import read_jsonl  # noqa: E402
+from headstart.models import load_model  # noqa: E402
+
+
+@dataclass
+class Divergence:
+    """The first differing token of two answers and the one-pass logit gap there."""
+
+    index: int
+    expected: int
+    other: int
+    gap: float  # logit(expected) - logit(other), one forward over prompt + the common prefix
+
+
+@torch.inference_mode()
+def first_divergence(model: PreTrainedModel, prompt: list[int], expected: list[int], other: list[int]) -> Divergence | None:
+    """The first token where `other` leaves `expected`, with its logit gap; None when one
+    answer is a prefix of the other (no token where both chose)."""
+    index = common_prefix_length(expected, other)
+    if index >= min(len(expected), len(other)):
+        return None
+    logits = model(torch.tensor([prompt + expected[:index]], device=model.device)).logits[0, -1].float()
+    return Divergence(index, expected[index], other[index], (logits[expected[index]] - logits[other[index]]).item())
 
 
 def main() -> None:
@@ -32,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = saved_config(args.results_dir)
-    differing = [r for r in load_records(args.results_dir / "results.jsonl") if not r["identical"]]
+    differing = [r for r in read_jsonl(args.results_dir / "results.jsonl") if not r["identical"]]
     print(f"{len(differing)} record(s) whose streamed answer differs from the baseline")
     if not differing:
         return

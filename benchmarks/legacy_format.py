@@ -20,7 +20,7 @@ from dataclasses import replace
 from eval.benchmarks import Request, get_benchmark
 from eval.benchmarks.humaneval import INSTRUCTION
 from eval.benchmarks.mbpp import SOURCE
-from eval.benchmarks.sources import read_rows
+from headstart.benchmark_registry import read_rows
 from headstart.segment import segment_code, segment_text
 
 _MBPP_TESTS_INTRO = "Your code should pass these tests:\n```python\n"
@@ -34,7 +34,7 @@ def legacy_humaneval_requests(limit: int | None = None) -> list[Request]:
 
 def legacy_mbpp_requests(path: str | None = None, limit: int | None = None) -> list[Request]:
     """MBPP as it was: the asserts in a fence opened by the first and closed by the last."""
-    rows = {f"mbpp/{row['task_id']}": row for row in read_rows(path, SOURCE)}
+    rows = {f"mbpp/{row['task_id']}": row for row in read_rows(SOURCE, path)}
     requests = get_benchmark("mbpp", path).load(limit)
     # The original file names the description `text`; the sanitized one `prompt`.
     descriptions = {r.request_id: rows[r.request_id].get("text") or rows[r.request_id].get("prompt") for r in requests}

@@ -18,12 +18,18 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from eval.benchmarks import get_benchmark
-from eval.engines.base import common_prefix_length
-from eval.engines.fast_path import update_cost
-from eval.reporting.tables import markdown_rows
-from eval.runner import StreamingEvaluator, load_records, saved_config
-from headstart.models import load_model
+from headstart.paths import use_checkout
+
+use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
+
+from eval.benchmarks import get_benchmark  # noqa: E402
+from eval.engines.lookup import update_cost  # noqa: E402
+from eval.engines.tokens import common_prefix_length  # noqa: E402
+from eval.evaluator import StreamingEvaluator  # noqa: E402
+from eval.reporting.tables import markdown_rows  # noqa: E402
+from eval.results_dir import saved_config  # noqa: E402
+from headstart.files import read_jsonl  # noqa: E402
+from headstart.models import load_model  # noqa: E402
 
 
 def oracle_forwards(answer: list[int], start: int, sources: list[list[int]], block: int) -> int:
@@ -44,7 +50,7 @@ def main() -> None:
     parser.add_argument("--blocks", default="8,32")
     args = parser.parse_args()
     config = saved_config(args.results_dir)
-    records = {r["request_id"]: r for r in load_records(args.results_dir / "results.jsonl")}
+    records = {r["request_id"]: r for r in read_jsonl(args.results_dir / "results.jsonl")}
     if records and "draft_token_ids" not in next(iter(records.values())):
         raise SystemExit(f"error: {args.results_dir} was not evaluated with record_tokens=true")
     evaluator = StreamingEvaluator(load_model(config.model, adapter=config.adapter, device="cpu"), config)

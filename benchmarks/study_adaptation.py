@@ -26,24 +26,24 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
-import torch
 from omegaconf import OmegaConf
 
-from eval.before_after import BeforeAfterConfig, report_tables, run_before_after, side_config
-from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig
-from eval.engines.decode import DecodeSpec
-from eval.reporting.metrics import summarize
-from eval.reporting.plots import learning_curve, residual_forwards_boxes
-from eval.reporting.tables import markdown_rows
-from eval.reporting.wandb_report import wandb_mode
-from eval.runner import load_records, run_evaluation
-from headstart.config import dump_config, run_cli
-from headstart.run_dir import check_output_dir, only_entries, write_mark
+from headstart.paths import CHECKOUT, outputs_dir, use_checkout
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
+
+from eval.before_after import BeforeAfterConfig, report_tables, run_before_after, side_config  # noqa: E402
+from eval.benchmarks import get_benchmark  # noqa: E402
+from eval.config import EvalConfig  # noqa: E402
+from eval.engines.decode import DecodeSpec  # noqa: E402
+from eval.reporting.metrics import summarize  # noqa: E402
+from eval.reporting.tables import markdown_rows  # noqa: E402
+from eval.reporting.wandb_report import wandb_mode  # noqa: E402
+from headstart.config import dump_config, run_cli  # noqa: E402
+from headstart.files import read_jsonl  # noqa: E402
+from headstart.run_dir import check_output_dir, only_entries, write_mark  # noqa: E402
+
 STUDY_KIND = "study"
 # What a study directory of an earlier version (no run record) holds: each stage's directory and file.
 STUDY_NAMES = {"config.yaml", "data", "data.work", "sweep", "train", "report", "curve", "figures", "timings.json",
@@ -66,16 +66,23 @@ class StudyConfig:
     curve_points: int = field(default=3, metadata={"help": "Checkpoints on the learning curve (the last is the final adapter)."})
     effective_batch_size: int = field(default=8, metadata={"help": "Rows per optimizer step."})
     per_device_train_batch_size: int = field(default=2, metadata={"help": "Rows per micro-step."})
-    max_length: int = field(default=512, metadata={"help": "Tokens per row: the data build's caps.max_tokens (requests "
-                                                         "whose prompt and answer cap exceed it are not built) and training's max_length."})
+    max_length: int = field(
+        default=512,
+        metadata={"help": "Tokens per row: the data build's caps.max_tokens (requests "
+                          "whose prompt and answer cap exceed it are not built) and training's max_length."},
+    )
     benchmarks: list[str] = field(default_factory=lambda: ["humaneval", "mbpp"], metadata={"help": "Evaluated benchmarks."})
     data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark, e.g. {mbpp: path}."})
     limit: int = field(default=40, metadata={"help": "Requests per benchmark (the first N test problems)."})
     curve_benchmark: str = field(default="humaneval", metadata={"help": "Benchmark of the learning curve."})
-    curve_limit: int | None = field(default=None, metadata={"help": "Requests per curve point: the first N of the report's, at most limit (every point, base and final included, on the same N); null: limit."})
+    curve_limit: int | None = field(
+        default=None,
+        metadata={"help": "Requests per curve point: the first N of the report's, at most limit (every point, base and final "
+                          "included, on the same N); null: limit."},
+    )
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decode settings of every evaluation."})
     threads: int = field(default=2, metadata={"help": "Torch threads for training and evaluation."})
-    output_dir: str = field(default="outputs/study/smollm2", metadata={"help": "Everything the study writes."})
+    output_dir: str = field(default=str(outputs_dir("study", "smollm2")), metadata={"help": "Everything the study writes."})
     wandb_group: str | None = field(default=None, metadata={"help": "W&B group of every run; default study-<output dir name>."})
 
     def __post_init__(self) -> None:
@@ -122,7 +129,7 @@ def stage_env(config: StudyConfig) -> dict[str, str]:
 
 def run_stage(config: StudyConfig, argv: list[str]) -> None:
     print(f"\n$ {' '.join(argv)}", flush=True)
-    subprocess.run([sys.executable, *argv], cwd=REPO_ROOT, env=stage_env(config), check=True)
+    subprocess.run([sys.executable, *argv], cwd=CHECKOUT, env=stage_env(config), check=True)
 
 
 def build_data(config: StudyConfig, data_dir: Path) -> None:
@@ -145,10 +152,10 @@ def train(config: StudyConfig, objective: str, run_dir: Path, data_dir: Path, le
         "train/sft.py", f"recipe={config.objectives[objective]}", f"model.name_or_path={config.model}",
         f"data.path={data_dir}", f"training.output_dir={run_dir}", f"training.learning_rate={learning_rate}",
         f"training.max_steps={steps}", f"training.save_steps={save_steps}", "training.save_total_limit=null",
-        f"training.effective_batch_size={config.effective_batch_size}",
+        f"run.effective_batch_size={config.effective_batch_size}",
         f"training.per_device_train_batch_size={config.per_device_train_batch_size}",
         f"training.max_length={config.max_length}", f"training.eval_steps={steps if evaluate else 0}",
-        "training.merge=false", f"training.run_name={config.group}-{run_dir.name}",
+        "run.merge=false", f"training.run_name={config.group}-{run_dir.name}",
     ]
     if not (run_dir / "adapter" / "adapter_config.json").is_file():
         with timed(Path(config.output_dir), f"train {run_dir.parent.name}/{run_dir.name}"):
@@ -193,12 +200,14 @@ def curve_evaluation(config: StudyConfig, report: BeforeAfterConfig, run_dir: Pa
 def curve(config: StudyConfig, report: BeforeAfterConfig, runs: dict[str, Path]) -> dict[str, list[dict]]:
     """Curve points per objective: the base (step 0), each intermediate checkpoint, the final
     adapter, every one summarised over the same first curve_limit requests."""
+    from eval.runner import run_evaluation  # here, not above: `--help` loads no torch
+
     benchmark = config.curve_benchmark
     requests = get_benchmark(benchmark, config.data_paths.get(benchmark)).load(config.curve_requests)
     wanted = {request.request_id for request in requests}
 
     def point(step: int, results_dir: str) -> dict:
-        summary = summarize([r for r in load_records(Path(results_dir) / "results.jsonl") if r["request_id"] in wanted])
+        summary = summarize([r for r in read_jsonl(Path(results_dir) / "results.jsonl") if r["request_id"] in wanted])
         return {"step": step, **{k: summary[k] for k in CURVE_KEYS}}
 
     side_of_model = {model: side for side, model in report.sides.items()}
@@ -217,6 +226,8 @@ def curve(config: StudyConfig, report: BeforeAfterConfig, runs: dict[str, Path])
 
 
 def run_study(config: StudyConfig) -> None:
+    import torch  # here, not above: `--help` loads no torch
+
     torch.set_num_threads(config.threads)
     output = Path(config.output_dir)
     check_output_dir(output, STUDY_KIND, legacy=lambda directory: only_entries(directory, STUDY_NAMES))
@@ -256,8 +267,10 @@ def run_study(config: StudyConfig) -> None:
 
 
 def write_study_report(config: StudyConfig, output: Path, losses, best, summaries, points) -> None:
+    from study_figures import learning_curve, residual_forwards_boxes  # beside this script; matplotlib: not for `--help`
+
     figures = output / "figures"
-    records = {b: {side: load_records(output / "report" / side / b / "results.jsonl") for side in summaries[b]}
+    records = {b: {side: read_jsonl(output / "report" / side / b / "results.jsonl") for side in summaries[b]}
                for b in config.benchmarks}
     curve_requests = config.curve_requests
     curve_png = learning_curve(points, f"{config.curve_benchmark}, first {curve_requests}", figures / "learning_curve.png")

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from data_builders.decontamination import DecontaminationIndex, normalise, stable_hash
-from headstart.segment import segment_request
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, build_messages, render_prompt
+from headstart.segment import segment_request
 
 # Bump when analyse_batch's columns change, the segmentation included (4: fenced
 # blocks whole, MBPP asserts bare): it is part of the resume key of pass 2.

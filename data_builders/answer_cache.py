@@ -1,16 +1,17 @@
 """An append-only JSONL cache of generated answers, so a crash loses nothing.
 
-Each finished batch is appended and fsynced before the next one starts; a line
-cut short by a kill is ignored on reading. Read-only caches (e.g. the answers
-shipped with the embedded recipe) are consulted before generating.
+Each finished batch is appended and fsynced before the next one starts
+(`headstart.files.append_jsonl`); a line cut short by a kill is dropped. Read-only
+caches (e.g. the answers shipped with the embedded recipe) are consulted before generating.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
+
+from headstart.files import append_jsonl, read_jsonl
 
 
 def answer_key(model: str, prompt: str, max_new_tokens: int) -> str:
@@ -34,15 +35,13 @@ class AnswerCache:
             self._load(self.path)
 
     def _load(self, path: Path) -> None:
-        with path.open("rb") as handle:
-            for line in handle:
-                try:
-                    entry = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    continue  # the partial last line of a killed run
-                self.answers[entry["key"]] = entry["answer"]
-                if "finished" in entry:
-                    self.ended[entry["key"]] = bool(entry["finished"])
+        for entry in read_jsonl(path):  # a killed run's cut last line is dropped
+            self._remember(entry)
+
+    def _remember(self, entry: dict) -> None:
+        self.answers[entry["key"]] = entry["answer"]
+        if "finished" in entry:
+            self.ended[entry["key"]] = bool(entry["finished"])
 
     def __contains__(self, key: str) -> bool:
         return key in self.answers
@@ -56,13 +55,6 @@ class AnswerCache:
 
     def add(self, entries: list[dict]) -> None:
         """Append entries ({key, answer, ...}) durably."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        text = "".join(json.dumps(e, ensure_ascii=False, sort_keys=True) + "\n" for e in entries)
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        append_jsonl(self.path, entries, ensure_ascii=False, sort_keys=True)
         for entry in entries:
-            self.answers[entry["key"]] = entry["answer"]
-            if "finished" in entry:
-                self.ended[entry["key"]] = bool(entry["finished"])
+            self._remember(entry)

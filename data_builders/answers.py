@@ -17,9 +17,8 @@ from datasets import Dataset
 from data_builders.answer_cache import AnswerCache
 from data_builders.config import BuildConfig
 from data_builders.generation import GenerationSettings, cache_path, greedy_answers_finished
-from data_builders.paths import resolve
 from data_builders.select import Selection
-
+from headstart.paths import resolve_path
 
 Answers = dict[int, str | None]  # analysed row -> answer to the complete request (None: cut at the token cap)
 Drafts = dict[tuple[int, int], str]  # (analysed row, i) -> answer to S_(i-1)
@@ -40,7 +39,7 @@ def gather(analysed: Dataset, selection: Selection, config: BuildConfig, work: P
         device=config.generation.device,
         vllm=config.generation.vllm,
     )
-    cache = AnswerCache(cache_path(work, config.model), [resolve(p) for p in config.generation.cache_files])
+    cache = AnswerCache(cache_path(work, config.model), [resolve_path(p) for p in config.generation.cache_files])
     requests, rows = subset["request"], chosen.tolist()
     refine = config.pairs == "draft_refinement"
     full = list(requests) if config.answers == "self" else []

@@ -19,23 +19,23 @@ from datasets import Dataset, DatasetDict, DatasetInfo
 
 from data_builders.analyse import VERSION as ANALYSIS_VERSION
 from data_builders.analyse import analyse_batch
-from data_builders.answers import gather as gather_answers
 from data_builders.answers import cut_answers, has_answer
+from data_builders.answers import gather as gather_answers
 from data_builders.card import length_stats
 from data_builders.collect import check_locations, collect, collect_key
 from data_builders.config import BuildConfig
 from data_builders.decontamination import DecontaminationIndex, build_index
 from data_builders.output import check_replaceable, open_work_dir, remove_work_dir, save
 from data_builders.pairs import STAT_COLUMNS, expand_batch
-from data_builders.paths import resolve
 from data_builders.report import Report
 from data_builders.select import choose, column, eligible_rows
 from data_builders.sources import SOURCES
 from headstart.benchmark_registry import MBPP_SPLIT_IDS
 from headstart.config import RecipeError
-from headstart.devices import check_device, resolve_device
+from headstart.device_names import check_device
+from headstart.devices import default_device, resolve_device
+from headstart.paths import outputs_dir, resolve_path
 from headstart.run_dir import check_writable
-from headstart.devices import default_device
 from headstart.vllm_client import vllm_unavailable
 
 
@@ -86,7 +86,7 @@ def validate(config: BuildConfig, machine: bool = True) -> None:
 
 
 def output_paths(config: BuildConfig) -> tuple[Path, Path]:
-    output = Path(config.output_dir or f"outputs/data/{config.name}")
+    output = Path(config.output_dir or outputs_dir("data", config.name))
     return output, Path(config.work_dir or f"{output}.work")
 
 
@@ -171,7 +171,7 @@ def _load_tokenizer(name: str | None) -> Any | None:
 
 def _index(config: BuildConfig, report: Report) -> DecontaminationIndex:
     settings = config.decontamination
-    data_dir = resolve(settings.data_dir) if settings.data_dir else None  # None: the repository's data/
+    data_dir = resolve_path(settings.data_dir) if settings.data_dir else None  # None: the repository's data/
     index, skipped = build_index(
         settings.benchmarks, data_dir, settings.extra_files, settings.ngram, settings.on_missing, settings.hub
     )
@@ -184,7 +184,8 @@ def _key(*parts: Any) -> str:
 
 
 def _analyse(requests: Dataset, config: BuildConfig, work: Path, index: DecontaminationIndex, tokenizer) -> Dataset:
-    index_id = [len(index.exact), len(index.ngrams), sum(index.exact) % (1 << 61), int(index.ngrams.sum(dtype=np.uint64)), index.n]
+    index_id = [len(index.exact), len(index.ngrams), sum(index.exact) % (1 << 61),
+                int(index.ngrams.sum(dtype=np.uint64)), index.n]
     key = _key("analyse", ANALYSIS_VERSION, collect_key(config), index_id, tokenizer_name(config), config.format)
     return requests.map(
         analyse_batch,

@@ -31,7 +31,8 @@ def length_stats(values: np.ndarray) -> dict[str, float]:
 def render_card(name: str, fmt: str, pairs: str, answers: str, report: Report, config_yaml: str, command: str,
                 model: str | None = None) -> str:
     lines = [f"# {name}", "", f"Built by `{command}` (headstart data builders).", ""]
-    written = f" (greedy answers of `{model}`; train that model on them, see `answer_model`)" if answers == "self" and model else ""
+    written = (f" (greedy answers of `{model}`; train that model on them, see `answer_model`)"
+               if answers == "self" and model else "")
     lines += [f"Content: {_FORMATS[(fmt, pairs)]}. Answers: `{answers}`{written}.", ""]
     cut = report.drops.get("answer_hit_token_cap", 0)
     if answers == "self":

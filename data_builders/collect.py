@@ -11,19 +11,20 @@ import json
 import os
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 from datasets import Dataset
 from tqdm import tqdm
 
 from data_builders.config import BuildConfig, SourceSpec
-from data_builders.paths import resolve
-from data_builders.readers import RawRow, file_stamp, iter_file, iter_hub
+from data_builders.readers import file_rows, file_stamp, iter_hub
 from data_builders.report import Report
 from data_builders.sources import SOURCES, Limits, Request
 from headstart.benchmark_registry import MBPP_SPLIT_IDS
+from headstart.files import RawRow
+from headstart.paths import resolve_path
 
 SCHEMA = pa.schema(
     [
@@ -53,7 +54,7 @@ def collect_key(config: BuildConfig) -> str:
     parts: list = [VERSION]
     for name in config.sources:
         spec = source_spec(config, name)
-        where = file_stamp(resolve(spec.path)) if spec.path and resolve(spec.path).is_file() else str(spec)
+        where = file_stamp(resolve_path(spec.path)) if spec.path and resolve_path(spec.path).is_file() else str(spec)
         parts.append([name, where, spec.max_rows])
     parts.append([config.filters.languages, config.filters.max_request_chars, config.filters.max_answer_chars])
     parts.append(sorted(config.filters.mbpp_splits))
@@ -90,9 +91,9 @@ def check_locations(config: BuildConfig) -> None:
     """Fail before any work when a configured file is missing or empty, naming the key."""
     for name in config.sources:
         spec = source_spec(config, name)
-        if spec.path and not resolve(spec.path).is_file():
+        if spec.path and not resolve_path(spec.path).is_file():
             raise FileNotFoundError(f"{name}.path: input file not found: {spec.path}")
-        if spec.path and resolve(spec.path).stat().st_size == 0:
+        if spec.path and resolve_path(spec.path).stat().st_size == 0:
             raise ValueError(f"{name}.path: input file is empty: {spec.path}")
         if not spec.path and not (spec.hub_id or SOURCES[name].hub_id):
             raise ValueError(f"{name}: no {name}.path given and the source has no hub id")
@@ -148,7 +149,7 @@ def _rows_named(numbers: list[int], path: str | None) -> str:
 
 def _rows(spec: SourceSpec, info, fingerprint: dict[str, str]) -> tuple[Iterator[RawRow], str]:
     if spec.path:
-        return iter_file(resolve(spec.path), fingerprint), spec.path
+        return file_rows(resolve_path(spec.path), fingerprint), spec.path
     hub_id, split = spec.hub_id or info.hub_id, spec.split or info.split
     fingerprint["hub"] = f"{hub_id} config={info.hub_config} split={split}"
     return iter_hub(hub_id, split, info.hub_config), f"hub:{hub_id}"

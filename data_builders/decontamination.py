@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from headstart.benchmark_registry import DATA, EVALUATION_SETS, DataSource, hub_rows, iter_file, resolve_path, strings
+from headstart.benchmark_registry import DATA, EVALUATION_SETS, DataSource, hub_rows, strings
+from headstart.files import iter_rows
+from headstart.paths import resolve_path
 from headstart.segment import segment_mbpp
 
 _WORD = re.compile(r"\w+")
@@ -148,7 +150,7 @@ def benchmark_texts(name: str, data_dir: Path | None = None, hub: bool = True) -
         return _fields(_humaneval(), source)
     path = source.local_path(data_dir)
     if path is not None and path.is_file():
-        return _fields(iter_file(path), source)
+        return _fields(iter_rows(path), source)
     where = f"no file {path}" if path is not None else "no vendored copy"
     if not hub:
         raise FileNotFoundError(f"benchmark {name}: {where} and decontamination.hub=false")
@@ -184,7 +186,7 @@ def parse_extra(spec: str) -> tuple[Path, list[str]]:
 def _extra_texts(path: Path, fields: list[str]) -> Iterator[str]:
     if not path.is_file():
         raise FileNotFoundError(f"decontamination file not found: {path}")
-    for row in iter_file(path):
+    for row in iter_rows(path):
         for name in fields:
             yield from strings(row.get(name))
 

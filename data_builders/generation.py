@@ -15,10 +15,10 @@ and teaches it to stop early (data_builders/answers.py drops them).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from tqdm import tqdm
@@ -26,8 +26,10 @@ from tqdm import tqdm
 from data_builders.answer_cache import AnswerCache, answer_key
 from headstart.devices import default_device
 from headstart.models import end_token_ids
+from headstart.paths import safe_name
 from headstart.prompts import build_messages, render_prompt
-from headstart.vllm_client import VLLMEngines, VLLMSettings, needed_model_len, vllm_dtype, vllm_model, vllm_unavailable
+from headstart.vllm_client import VLLMEngines, needed_model_len, vllm_dtype, vllm_model, vllm_unavailable
+from headstart.vllm_settings import VLLMSettings
 
 Generate = Callable[[list[str]], list[tuple[str, bool]]]  # prompts -> (answer, finished) each
 
@@ -157,5 +159,4 @@ def _vllm_backend(settings: GenerationSettings, engines: ExitStack, pending: lis
 
 def cache_path(work_dir: Path, model: str) -> Path:
     """The writable cache of one model inside a build's work directory."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model)[-80:]
-    return Path(work_dir) / f"answers-{safe}.jsonl"
+    return Path(work_dir) / f"answers-{safe_name(model)}.jsonl"

@@ -4,8 +4,9 @@ The builder replaces only what it wrote. Each output directory holds headstart's
 record (headstart.run_dir, kind "data"), listing its files; a directory without it, or
 holding a file the list does not name (an adapter saved there, notes), is refused, never
 deleted. Builds of headstart 0.1 wrote the list to `.headstart-dataset`: it is read as
-the same record (users have datasets), and replaced by the record at the next build. The work directory gets its own marker (`.headstart-work`), and only
-the builder's own intermediate files are ever removed from it.
+the same record (users have datasets), and replaced by the record at the next build.
+The work directory gets its own marker (`.headstart-work`), and only the builder's own
+intermediate files are ever removed from it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from data_builders.card import render_card
 from data_builders.config import BuildConfig
 from data_builders.report import Report
 from headstart.run_dir import MARK, read_mark, write_mark
-
 
 OUTPUT_MARKER = MARK
 LEGACY_OUTPUT_MARKER = ".headstart-dataset"  # headstart 0.1's marker: {"written_by", "files"[, "in_progress"]}
@@ -92,7 +92,8 @@ def check_replaceable(output: Path, work: Path) -> None:
         foreign = foreign_output_files(directory)
         if foreign:
             marked = _output_marker(directory) is not None
-            why = "files the data builders did not write" if marked else f"no {OUTPUT_MARKER} marker: the data builders did not create it"
+            why = ("files the data builders did not write" if marked
+                   else f"no {OUTPUT_MARKER} marker: the data builders did not create it")
             hint = "" if marked or "dataset_dict.json" not in foreign else (
                 "; a dataset built before markers existed is not replaced either: remove it yourself to rebuild it")
             raise ValueError(f"{directory} holds {_shown(foreign)} ({why}); nothing is deleted: choose another "

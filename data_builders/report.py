@@ -95,7 +95,7 @@ class Report:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
     @classmethod
-    def load(cls, path: Path) -> "Report":
+    def load(cls, path: Path) -> Report:
         data = json.loads(path.read_text())
         data["funnel"] = [tuple(x) for x in data["funnel"]]
         return cls(**data)

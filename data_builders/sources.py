@@ -8,8 +8,9 @@ are reported as reasons, never raised, so one bad row costs one row.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from headstart.benchmark_registry import DATA
 from headstart.segment import segment_mbpp

@@ -18,21 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from eval.config import EvalConfig, check_limit
-from eval.engines.decode import DecodeSpec
-from eval.reporting.plots import acceptance_bars, speedup_histogram, typing_curve
-from eval.reporting.typing_report import TYPING_NOTE, TYPING_TITLE, break_even_notes, typing_rows, typing_section
+from eval.engines.decode import DecodeSpec, decode_label
 from eval.reporting.tables import macro_average, markdown_rows, markdown_table
-from eval.runner import decode_label, load_records, prepare_evaluation, run_evaluation
+from eval.reporting.typing_report import TYPING_NOTE, TYPING_TITLE, break_even_notes, typing_rows, typing_section
 from eval.reporting.wandb_report import log_side
 from eval.shards import parse_shard
 from headstart.config import config_to_dict, dump_config, run_cli
-from headstart.devices import check_device, check_dtype
+from headstart.device_names import check_device, check_dtype
+from headstart.files import read_jsonl
+from headstart.paths import outputs_dir
 from headstart.prompts import check_evaluation_system_setting
-from headstart.run_dir import check_output_dir, only_entries, write_mark
+from headstart.run_dir import check_output_dir, write_mark
 
 KIND = "before-after"
-# What the report writes beside one directory per side (W&B's offline runs go to wandb/).
-REPORT_NAMES = {"config.yaml", "report.md", "report.html", "summary.json", "figures", "wandb"}
 
 
 @dataclass
@@ -40,21 +38,55 @@ class BeforeAfterConfig:
     """Evaluate a base model and its adaptation with identical settings."""
 
     model: str = field(default="smollm2", metadata={"help": "Base model (embedded name, hub id, dir or .gguf)."})
-    adapted: str = field(default="outputs/train/smollm2_prefix/adapter", metadata={"help": "Adapted model: LoRA adapter dir or merged model dir."})
-    more_adapted: dict[str, str] = field(default_factory=dict, metadata={"help": "Further adapted models, side name -> dir (e.g. {distill: <adapter>}); each adds a side to every table."})
+    adapted: str = field(
+        default=str(outputs_dir("train", "smollm2_prefix", "adapter")),
+        metadata={"help": "Adapted model: LoRA adapter dir or merged model dir."},
+    )
+    more_adapted: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"help": "Further adapted models, side name -> dir (e.g. {distill: <adapter>}); each adds a side to every "
+                          "table."},
+    )
     benchmarks: list[str] = field(default_factory=lambda: ["humaneval"], metadata={"help": "Benchmarks to run on both sides."})
-    data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark name, e.g. {mbpp: path}."})
-    limit: int | None = field(default=10, metadata={"help": "Requests per benchmark (first N with n >= 2); null: all; 0: check only (both sides' settings, data, models, output dirs), evaluate and write nothing."})
-    decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decode settings of both sides (eval.engines.decode)."})
-    system_prompt: str = field(default="incomplete", metadata={"help": "System message for both sides: 'incomplete', 'model' or text."})
-    typing: str | None = field(default=None, metadata={"help": "Typing-time simulation of both sides (eval.typing_sim): 'cpm:N', 'unlimited' or a keystroke trace file; null: off."})
-    typing_policy: str = field(default="finish", metadata={"help": "Typing simulation: 'finish' or 'abandon' an update when the next segment arrives."})
-    output_dir: str = field(default="outputs/before_after/smollm2", metadata={"help": "Report, figures, per-side results."})
+    data_paths: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"help": "Local data per benchmark name, e.g. {mbpp: path}."},
+    )
+    limit: int | None = field(
+        default=10,
+        metadata={"help": "Requests per benchmark (first N with n >= 2); null: all; 0: check only (both sides' settings, data, "
+                          "models, output dirs), evaluate and write nothing."},
+    )
+    decode: DecodeSpec = field(
+        default_factory=DecodeSpec,
+        metadata={"help": "Decode settings of both sides (eval.engines.decode)."},
+    )
+    system_prompt: str = field(
+        default="incomplete",
+        metadata={"help": "System message for both sides: 'incomplete', 'model' or text."},
+    )
+    typing: str | None = field(
+        default=None,
+        metadata={"help": "Typing-time simulation of both sides (eval.typing_sim): 'cpm:N', 'unlimited' or a keystroke trace "
+                          "file; null: off."},
+    )
+    typing_policy: str = field(
+        default="finish",
+        metadata={"help": "Typing simulation: 'finish' or 'abandon' an update when the next segment arrives."},
+    )
+    output_dir: str = field(
+        default=str(outputs_dir("before_after", "smollm2")),
+        metadata={"help": "Report, figures, per-side results."},
+    )
     wandb_project: str | None = field(default=None, metadata={"help": "W&B project; unset = offline run under output_dir."})
     wandb_group: str | None = field(default=None, metadata={"help": "W&B group linking both runs; default the output dir name."})
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available."})
     dtype: str | None = field(default=None, metadata={"help": "Torch dtype; default bf16 on GPU, fp32 on CPU."})
-    shard: str | None = field(default=None, metadata={"help": "INDEX/COUNT: every side and benchmark evaluates only its shard of the requests (eval.shards), no report; the same run without shard merges the shards and reports. null: all."})
+    shard: str | None = field(
+        default=None,
+        metadata={"help": "INDEX/COUNT: every side and benchmark evaluates only its shard of the requests (eval.shards), no "
+                          "report; the same run without shard merges the shards and reports. null: all."},
+    )
 
     def __post_init__(self) -> None:
         check_limit(self.limit)
@@ -95,11 +127,13 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
     Every side is checked first (data, base and adapted weights, results already in
     output_dir: a retrained adapter at the same path is refused, not reused), so a
     bad setting fails before any model loads or any file is written."""
+    from eval.runner import prepare_evaluation, run_evaluation  # here, not above: `--help` loads no torch
+
     output_dir = Path(config.output_dir)
     unknown = set(config.data_paths) - set(config.benchmarks)
     if unknown:
         raise ValueError(f"data_paths names benchmarks not in benchmarks: {', '.join(sorted(unknown))}")
-    check_output_dir(output_dir, KIND, legacy=lambda directory: only_entries(directory, REPORT_NAMES | set(config.sides)))
+    check_output_dir(output_dir, KIND)
     for side in config.sides:
         for benchmark in config.benchmarks:
             prepare_evaluation(side_config(config, side, benchmark))
@@ -117,7 +151,7 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
         for benchmark in config.benchmarks:
             evaluation = side_config(config, side, benchmark)
             summaries[benchmark][side] = run_evaluation(evaluation)
-            records[benchmark][side] = load_records(Path(evaluation.output_dir) / "results.jsonl")
+            records[benchmark][side] = read_jsonl(Path(evaluation.output_dir) / "results.jsonl")
     figures = write_figures(summaries, records, output_dir / "figures")
     typing = side_typing(config) if config.typing else {}
     figures += typing_figures(typing, output_dir / "figures")
@@ -132,6 +166,8 @@ def run_shard(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]]]
     """One shard of every side and benchmark, each into its own shards/ directory; the
     report (and the W&B runs) come from the run without shard, which merges the shards.
     Nothing else is written, so that shards running at once never share a file."""
+    from eval.runner import run_evaluation  # here, not above: `--help` loads no torch
+
     summaries: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in config.benchmarks}
     for side in config.sides:
         for benchmark in config.benchmarks:
@@ -141,6 +177,8 @@ def run_shard(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]]]
 
 
 def write_figures(summaries, records, directory: Path) -> list[Path]:
+    from eval.reporting.plots import acceptance_bars, speedup_histogram  # matplotlib: not for `--help`
+
     figures = [
         speedup_histogram(records[benchmark], f"{benchmark}: residual speedup", directory / f"speedup_{benchmark}.png")
         for benchmark in summaries
@@ -211,6 +249,8 @@ def side_typing(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]
 
 def typing_figures(typing: dict[str, dict[str, dict[str, Any]]], directory: Path) -> list[Path]:
     """One time-to-answer against typing speed figure per side."""
+    from eval.reporting.plots import typing_curve  # matplotlib: not for `--help`
+
     return [typing_curve(by_benchmark, directory / f"typing_{side}.png") for side, by_benchmark in typing.items()]
 
 

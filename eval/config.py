@@ -5,12 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eval.engines.decode import DecodeSpec
-from headstart.devices import check_device, check_dtype
-from headstart.prompts import check_evaluation_system_setting
-from headstart.vllm_client import VLLMSettings
 from eval.shards import parse_shard
 from eval.typing_sim import check_typing
-
+from headstart.device_names import check_device, check_dtype
+from headstart.prompts import check_evaluation_system_setting
+from headstart.vllm_settings import VLLMSettings
 
 BACKENDS = ("transformers", "vllm")
 
@@ -22,25 +21,86 @@ class EvalConfig:
     model: str = field(default="smollm2", metadata={"help": "Model: embedded name, hub id, local dir, .gguf or adapter dir."})
     adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
     benchmark: str = field(default="humaneval", metadata={"help": "Benchmark name (see eval.benchmarks.BENCHMARKS)."})
-    data_path: str | None = field(default=None, metadata={"help": "Local copy of the benchmark data instead of its default source."})
-    limit: int | None = field(default=None, metadata={"help": "Evaluate only the first N requests (with n >= 2 segments); null: all; 0: check only (settings, data, model source, output_dir), evaluate and write nothing."})
-    decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decoder, acceptance rule, answer length, regeneration mode (eval.engines.decode)."})
-    system_prompt: str = field(default="model", metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, none, or literal text"})
-    fast_batch_size: int = field(default=32, metadata={"help": "Fast path batch: prefixes decoded together (greedy), or requests per round (other rules); with backend=vllm, what one vLLM call gets (raise it: vLLM schedules its own batches)."})
-    backend: str = field(default="transformers", metadata={"help": "Fast path drafting on 'transformers' or 'vllm' (drafts, verify passes and regeneration; the same tokens up to floating-point near-ties, so the same forward counts); baselines and the timed residual phase stay on transformers at batch 1."})
-    vllm: VLLMSettings = field(default_factory=VLLMSettings, metadata={"help": "backend=vllm: the engines' settings (headstart.vllm_client.VLLMSettings)."})
-    record_tokens: bool = field(default=False, metadata={"help": "Also store each request's drafts D_1..D_{n-1} and both answers as token ids (offline replays, e.g. benchmarks/bench_lookup_policy.py)."})
-    sandbox_cpu_seconds: int | None = field(default=None, metadata={"help": "CPU-time limit of each executed program; default the benchmark's own."})
+    data_path: str | None = field(
+        default=None,
+        metadata={"help": "Local copy of the benchmark data instead of its default source."},
+    )
+    limit: int | None = field(
+        default=None,
+        metadata={"help": "Evaluate only the first N requests (with n >= 2 segments); null: all; 0: check only (settings, "
+                          "data, model source, output_dir), evaluate and write nothing."},
+    )
+    decode: DecodeSpec = field(
+        default_factory=DecodeSpec,
+        metadata={"help": "Decoder, acceptance rule, answer length, regeneration mode (eval.engines.decode)."},
+    )
+    system_prompt: str = field(
+        default="model",
+        metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, "
+                          "none, or literal text"},
+    )
+    fast_batch_size: int = field(
+        default=32,
+        metadata={"help": "Fast path batch: prefixes decoded together (greedy), or requests per round (other rules); with "
+                          "backend=vllm, what one vLLM call gets (raise it: vLLM schedules its own batches)."},
+    )
+    backend: str = field(
+        default="transformers",
+        metadata={"help": "Fast path drafting on 'transformers' or 'vllm' (drafts, verify passes and regeneration; the same "
+                          "tokens up to floating-point near-ties, so the same forward counts); baselines and the timed "
+                          "residual phase stay on transformers at batch 1."},
+    )
+    vllm: VLLMSettings = field(
+        default_factory=VLLMSettings,
+        metadata={"help": "backend=vllm: the engines' settings (headstart.vllm_settings.VLLMSettings)."},
+    )
+    record_tokens: bool = field(
+        default=False,
+        metadata={"help": "Also store each request's drafts D_1..D_{n-1} and both answers as token ids (offline replays, e.g. "
+                          "benchmarks/bench_lookup_policy.py)."},
+    )
+    sandbox_cpu_seconds: int | None = field(
+        default=None,
+        metadata={"help": "CPU-time limit of each executed program; default the benchmark's own."},
+    )
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
     dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
-    benchmarks: list[str] = field(default_factory=list, metadata={"help": "Suite: benchmarks run in turn into one report (empty: just `benchmark`)."})
-    data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Suite: local data per benchmark name (the suite's `data_path`s)."})
-    acceptances: list[str] = field(default_factory=list, metadata={"help": "Suite: acceptance rules run in turn (empty: just `decode.acceptance`)."})
-    report_only: bool = field(default=False, metadata={"help": "Suite: rebuild the report from the results already written (requests every rule has finished); compute nothing."})
-    typing: str | None = field(default=None, metadata={"help": "Typing-time simulation (eval.typing_sim): 'cpm:N' (N characters per minute), 'unlimited', or a keystroke trace file (seconds per character, one a line); null: off."})
-    typing_policy: str = field(default="finish", metadata={"help": "Typing simulation: a segment arriving mid-update 'finish'es the update first or 'abandon's it for the newest segment."})
-    output_dir: str | None = field(default=None, metadata={"help": "Where results.jsonl and summary.json go; default outputs/eval/<benchmark>-<model>-<acceptance>."})
-    shard: str | None = field(default=None, metadata={"help": "INDEX/COUNT: evaluate only the requests at positions INDEX, INDEX+COUNT, ... of the selection, into output_dir/shards/INDEX-of-COUNT (eval.shards); the same run without shard merges them. null: all."})
+    benchmarks: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Suite: benchmarks run in turn into one report (empty: just `benchmark`)."},
+    )
+    data_paths: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"help": "Suite: local data per benchmark name (the suite's `data_path`s)."},
+    )
+    acceptances: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Suite: acceptance rules run in turn (empty: just `decode.acceptance`)."},
+    )
+    report_only: bool = field(
+        default=False,
+        metadata={"help": "Suite: rebuild the report from the results already written (requests every rule has finished); "
+                          "compute nothing."},
+    )
+    typing: str | None = field(
+        default=None,
+        metadata={"help": "Typing-time simulation (eval.typing_sim): 'cpm:N' (N characters per minute), 'unlimited', or a "
+                          "keystroke trace file (seconds per character, one a line); null: off."},
+    )
+    typing_policy: str = field(
+        default="finish",
+        metadata={"help": "Typing simulation: a segment arriving mid-update 'finish'es the update first or 'abandon's it for "
+                          "the newest segment."},
+    )
+    output_dir: str | None = field(
+        default=None,
+        metadata={"help": "Where results.jsonl and summary.json go; default outputs/eval/<benchmark>-<model>-<acceptance>."},
+    )
+    shard: str | None = field(
+        default=None,
+        metadata={"help": "INDEX/COUNT: evaluate only the requests at positions INDEX, INDEX+COUNT, ... of the selection, into "
+                          "output_dir/shards/INDEX-of-COUNT (eval.shards); the same run without shard merges them. null: all."},
+    )
 
     def __post_init__(self) -> None:
         check_limit(self.limit)

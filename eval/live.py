@@ -21,20 +21,21 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.responses import HTMLResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from eval.engines.ar import AREngine
 from eval.engines.decode import DecodeSpec
 from headstart.config import run_cli
-from headstart.devices import check_device, check_dtype, resolve_device
-from headstart.models import LoadedModel, load_model
+from headstart.device_names import check_device, check_dtype
 from headstart.prompts import build_messages, check_evaluation_system_setting, encode_prompt, resolve_system_message
 from headstart.segment import segment_request
+
+if TYPE_CHECKING:  # annotations only: the engine and the loader (torch) are imported where they run, not for `--help`
+    from headstart.models import LoadedModel
 
 PAGE = Path(__file__).with_name("live_page") / "index.html"
 
@@ -44,7 +45,10 @@ class LiveConfig:
     """Serve the answer-while-typing page for one model."""
 
     model: str = field(default="smollm2", metadata={"help": "Model: embedded name, hub id, local dir or adapter dir."})
-    decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decode settings (eval.engines.decode); AR engines."})
+    decode: DecodeSpec = field(
+        default_factory=DecodeSpec,
+        metadata={"help": "Decode settings (eval.engines.decode); AR engines."},
+    )
     system_prompt: str = field(default="model", metadata={"help": "System message setting, as for `python -m eval`."})
     host: str = field(default="127.0.0.1", metadata={"help": "Address to listen on."})
     port: int = field(default=8765, metadata={"help": "Port to listen on."})
@@ -80,6 +84,8 @@ class LiveModel:
     """The model and one worker thread: every update of every page runs there, in order."""
 
     def __init__(self, loaded: LoadedModel, config: LiveConfig) -> None:
+        from eval.engines.ar import AREngine  # torch: not for `--help`
+
         self.loaded = loaded
         self.engine = AREngine(loaded.model, loaded.eos_token_ids, config.decode)
         self.system = resolve_system_message(config.system_prompt, config.model)
@@ -218,6 +224,9 @@ def build_app(live: LiveModel) -> Starlette:
 
 def serve(config: LiveConfig) -> None:
     import uvicorn
+
+    from headstart.devices import resolve_device  # torch: imported once serving, not for `--help`
+    from headstart.models import load_model
 
     resolve_device(config.device)  # a GPU asked for where CUDA is unusable: refused before the port and the model
     check_listenable(config.host, config.port)

@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.sandbox import BOOTSTRAP_HEAD, BOOTSTRAP_RUN, ExecutionResult, SandboxLimits, SandboxUnavailable, _run
+from eval.sandbox import ExecutionResult, SandboxLimits, SandboxUnavailable, _run
+from eval.sandbox_bootstrap import BOOTSTRAP_HEAD, BOOTSTRAP_RUN
 from eval.sandbox_process import LIBC, PR_SET_PDEATHSIG, close_all
 
 CODEC = (Path(__file__).with_name("sandbox_codec.py")).read_text()

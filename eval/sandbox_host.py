@@ -30,21 +30,13 @@ SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/li
 # Root only: mount points for the interpreter's prefixes, and the uid records.
 STATE_DIR = "/run/headstart-sandbox"
 UID_RECORDS = f"{STATE_DIR}/uids"
-SANDBOX_UID_BASE, SLOTS, _MAX_PID = 1 << 30, 512, 1 << 22
+SANDBOX_UID_BASE, SLOTS = 1 << 30, 512
 _log = logging.getLogger(__name__)
 
 
 def sandbox_uid(evaluator_pid: int, slot: int) -> int:
     """The throw-away uid of one running program (root only)."""
     return SANDBOX_UID_BASE + evaluator_pid * SLOTS + slot
-
-
-def sandbox_uid_owner(uid: int) -> int | None:
-    """The evaluator pid whose formula gives `uid`, or None. Only this evaluator's
-    own uids may be judged by it; any other is judged by its record."""
-    if SANDBOX_UID_BASE <= uid < SANDBOX_UID_BASE + _MAX_PID * SLOTS:
-        return (uid - SANDBOX_UID_BASE) // SLOTS
-    return None
 
 
 @dataclass(frozen=True)

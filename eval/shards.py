@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, TypeVar
 
-from eval.records import load_records, write_records
+from headstart.files import read_jsonl, write_jsonl
 
 SHARDS_DIR = "shards"
 MANIFEST = "shard.json"
@@ -95,12 +96,12 @@ def merge_into(results_path: Path, merged: list[dict[str, Any]]) -> None:
     again is a no-op; records of the same requests that differ (results computed
     apart from these shards) are refused rather than silently replaced."""
     by_id = {record["request_id"]: record for record in merged}
-    existing = load_records(results_path)
+    existing = read_jsonl(results_path)
     conflicting = [r["request_id"] for r in existing if r["request_id"] in by_id and r != by_id[r["request_id"]]]
     if conflicting:
         raise ValueError(f"{results_path} already holds other results for {len(conflicting)} of the sharded requests "
                          f"(e.g. {conflicting[0]}), not written by merging these shards: move it away to merge them")
-    write_records(results_path, merged + [r for r in existing if r["request_id"] not in by_id])
+    write_jsonl(results_path, merged + [r for r in existing if r["request_id"] not in by_id])
 
 
 def _shards_in(root: Path) -> set[Shard]:
@@ -139,7 +140,7 @@ def _finished_records(directory: Path, shard: Shard, settings: dict[str, Any],
     if given != request_ids:
         raise ValueError(f"{directory}: shard {shard} was given {len(given)} other requests than the {len(request_ids)} "
                          f"this run assigns it (another limit or data?); rerun it with shard={shard}")
-    records = {r["request_id"]: r for r in load_records(directory / "results.jsonl")}
+    records = {r["request_id"]: r for r in read_jsonl(directory / "results.jsonl")}
     done = sum(request_id in records for request_id in request_ids)
     if done < len(request_ids):
         raise ValueError(f"{directory}: shard {shard} unfinished ({done} of {len(request_ids)} requests done); "

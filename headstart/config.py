@@ -4,21 +4,25 @@ Every entry point takes `recipe=NAME key=value nested.key=value ...`. The recipe
 is found by name anywhere under `recipes/` (or given as a path), merged onto the
 dataclass's defaults, then the command-line overrides are merged on top. Keys the
 dataclass does not declare are errors that list the valid keys, so a typo never
-silently falls back to a default.
+silently falls back to a default. `--help` (or `-h`) anywhere prints the schema's sections
+and keys, each with its type, default and `metadata={"help": ...}` (`render_help`), and exits 0.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
+import textwrap
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+from headstart.paths import RECIPES_DIR
 
 T = TypeVar("T")
 
@@ -44,7 +48,9 @@ def find_recipe(name: str, recipes_dir: Path = RECIPES_DIR) -> Path:
 
 
 def load_config(schema: type[T], argv: list[str], recipes_dir: Path = RECIPES_DIR) -> T:
-    """Build a `schema` instance from `recipe=NAME` and `key=value` arguments."""
+    """Build a `schema` instance from `recipe=NAME` and `key=value` arguments; `--help` (or
+    `-h`) anywhere prints the schema's help instead and exits 0 (`HelpShown`)."""
+    exit_on_help(schema, argv, recipes_dir=recipes_dir)
     recipe_args = [a for a in argv if a.startswith("recipe=")]
     overrides = [a for a in argv if not a.startswith("recipe=")]
     for arg in overrides:
@@ -75,9 +81,11 @@ CLI_ERRORS = (RecipeError, ValueError, *PATH_ERRORS)
 
 def cli_main(body: Callable[[], Any]) -> int:
     """Run an entry point's body: `CLI_ERRORS` end with their message on stderr and exit
-    code 2 instead of a traceback; returns the exit code."""
+    code 2 instead of a traceback, `--help` with 0; returns the exit code."""
     try:
         body()
+    except HelpShown:
+        return 0
     except CLI_ERRORS as error:
         print(f"error: {error_line(error)}", file=sys.stderr)
         return 2
@@ -123,9 +131,138 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
 
 
-def field_help(schema: type) -> dict[str, str]:
-    """The one-line doc of each field (`metadata={"help": ...}`), for error messages."""
-    return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(schema)}
+HELP_FLAGS = ("--help", "-h")
+# A field's `help_rows` metadata: the rows (key, type, default, help) of a section that is a
+# plain mapping validated elsewhere (train's `training:`, TRL's SFTConfig fields); a callable
+# or "module:function", imported only when help is asked for.
+HelpRows = Iterable[tuple[str, str, Any, str]]
+
+
+class HelpShown(SystemExit):
+    """`--help` printed the schema's help: exit code 0 (`cli_main` returns it)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+
+
+def exit_on_help(schema: type, argv: list[str], prog: str | None = None, recipes_dir: Path = RECIPES_DIR,
+                 usage: str | None = None) -> None:
+    """With `--help`/`-h` in `argv`: print `schema`'s help and raise `HelpShown`; else nothing.
+    load_config calls it before reading anything; an entry point that parses its own arguments
+    (train.memory) calls it itself, first."""
+    if any(arg in HELP_FLAGS for arg in argv):
+        print(render_help(schema, prog, recipes_dir, usage))
+        raise HelpShown()
+
+
+def render_help(schema: type, prog: str | None = None, recipes_dir: Path = RECIPES_DIR,
+                usage: str | None = None) -> str:
+    """The usage line, the schema's doc, the recipes whose keys it accepts, then every field
+    (type, default, help): top-level keys first, then each section (a nested dataclass, or a
+    mapping with `help_rows`) under its name."""
+    prog = prog or _program_name()
+    sections = {f: rows for f in dataclasses.fields(schema) if (rows := _section_rows(f)) is not None}
+    usage = usage or "recipe=NAME key=value " + ("section.key=value ..." if sections else "...")
+    lines = [f"usage: {prog} {usage}", ""]
+    if schema.__doc__ and not schema.__doc__.startswith(f"{schema.__name__}("):  # dataclasses invent a doc
+        lines += [" ".join(schema.__doc__.split()), ""]
+    recipes = fitting_recipes(schema, recipes_dir)
+    if recipes:
+        lines += ["recipes (recipe=NAME, or recipe=path/to/file.yaml):",
+                  *textwrap.wrap(", ".join(recipes), 100, initial_indent="  ", subsequent_indent="  "), ""]
+    keys = [f for f in dataclasses.fields(schema) if f not in sections]
+    if keys:
+        lines += ["top-level keys:", *_rows_text(_key_row(f, "") for f in keys), ""]
+    for f, rows in sections.items():
+        lines += [f"{f.name}: {f.metadata.get('help', '')}".rstrip(), *_rows_text(rows), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def fitting_recipes(schema: type, recipes_dir: Path = RECIPES_DIR) -> list[str]:
+    """Names of the recipes under `recipes_dir` whose top-level keys are all `schema`'s fields."""
+    names = {f.name for f in dataclasses.fields(schema)}
+    fits = []
+    for path in sorted(recipes_dir.rglob("*.yaml")):
+        try:
+            recipe = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            continue  # a broken recipe is reported when it is used, not in the help
+        if isinstance(recipe, dict) and recipe and set(recipe) <= names:
+            fits.append(path.stem)
+    return fits
+
+
+def _program_name() -> str:
+    """How this process was started: `python -m package.module` or `python path/to/script.py`."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return f"python -m {spec.name.removesuffix('.__main__')}"
+    script = Path(sys.argv[0])
+    try:
+        script = script.resolve().relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return f"python {script}"
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _field_rows(schema: type, prefix: str) -> list[tuple[str, str, Any, str]]:
+    """(key, type, default, help) of every field of `schema`, nested sections flattened."""
+    rows = []
+    for f in dataclasses.fields(schema):
+        default = _default(f)
+        if dataclasses.is_dataclass(default):
+            rows += _field_rows(type(default), f"{prefix}{f.name}.")
+        else:
+            rows.append(_key_row(f, prefix))
+    return rows
+
+
+def _key_row(f: dataclasses.Field, prefix: str) -> tuple[str, str, Any, str]:
+    return prefix + f.name, _type_name(f.type), _default(f), f.metadata.get("help", "")
+
+
+def _section_rows(f: dataclasses.Field) -> list[tuple[str, str, Any, str]] | None:
+    """The rows of a section field (a nested dataclass, or a mapping with `help_rows`); None
+    for a plain key."""
+    hook = f.metadata.get("help_rows")
+    if hook is not None:
+        if isinstance(hook, str):
+            module, _, name = hook.partition(":")
+            hook = getattr(importlib.import_module(module), name)
+        return [(f"{f.name}.{key}", kind, default, text) for key, kind, default, text in hook()]
+    default = _default(f)
+    return _field_rows(type(default), f"{f.name}.") if dataclasses.is_dataclass(default) else None
+
+
+def _rows_text(rows: HelpRows) -> list[str]:
+    lines = []
+    for key, kind, default, text in rows:
+        shown = "required" if default is dataclasses.MISSING else f"default {_value_text(default)}"
+        lines.append(f"  {key} ({kind}, {shown})")
+        lines += textwrap.wrap(" ".join(str(text).split()), 96, initial_indent="      ", subsequent_indent="      ")
+    return lines
+
+
+def _type_name(kind: Any) -> str:
+    return kind if isinstance(kind, str) else getattr(kind, "__name__", str(kind))
+
+
+def _value_text(value: Any) -> str:
+    """A default as a recipe or command line spells it (null, true, [a, b], text)."""
+    try:
+        text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    except yaml.YAMLError:  # a value YAML has no plain spelling for (a tuple, a Path)
+        return str(value)
+    return text.removesuffix("\n...").removesuffix("...").strip() or "''"
 
 
 def _merge(config: DictConfig, update: DictConfig, origin: str) -> DictConfig:

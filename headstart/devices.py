@@ -101,26 +101,3 @@ def resolve_device(device: str | None, environ: Mapping[str, str] | None = None)
     if device.startswith("cuda"):
         require_cuda([f"device={device}"])
     return device
-
-
-# The dtypes a model loads in (headstart.models.from_pretrained_kwargs: `getattr(torch, name)`).
-DTYPES = ("float32", "bfloat16", "float16", "float64")
-
-
-def check_dtype(dtype: str | None, setting: str = "dtype") -> None:
-    """Refuse a dtype name the loader would fail on only once it loads (None: the device's default)."""
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"{setting}={dtype!r}: use {', '.join(DTYPES)} (or leave it unset: bfloat16 on GPU, "
-                         "float32 on CPU)")
-
-
-def check_device(device: str | None, setting: str = "device") -> None:
-    """Refuse, at configuration time, a device name torch cannot parse. Whether CUDA works is
-    the machine's, not the configuration's (slurm/pipeline.sh validates recipes on a login node
-    without GPUs): `resolve_device` checks it when the run starts, before anything loads."""
-    if device is None:
-        return
-    try:
-        torch.device(device)
-    except (RuntimeError, ValueError) as error:
-        raise ValueError(f"{setting}={device!r} is not a torch device (cpu, cuda, cuda:N, mps)") from error

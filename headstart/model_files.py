@@ -95,12 +95,27 @@ def check_model_dir(directory: Path) -> None:
         check_weights_file(found)
 
 
+def is_adapter_dir(path: str | Path) -> bool:
+    """Whether a path is a PEFT adapter directory (it holds adapter_config.json)."""
+    return (Path(path).expanduser() / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(name_or_path: str | Path) -> str | None:
+    """The base model a local PEFT adapter directory names, else None (not an adapter)."""
+    if not is_adapter_dir(name_or_path):
+        return None
+    path = Path(name_or_path).expanduser() / ADAPTER_CONFIG
+    config = read_json(path)
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if not base:
+        raise ModelFileError(f"{path} names no base_model_name_or_path")
+    return base
+
+
 def check_adapter_dir(directory: Path) -> None:
     """A PEFT adapter directory: adapter_config.json parses and names its base; the adapter's
     weights are there and whole."""
-    config = read_json(directory / ADAPTER_CONFIG)
-    if not isinstance(config, dict) or not config.get("base_model_name_or_path"):
-        raise ModelFileError(f"{directory / ADAPTER_CONFIG} names no base_model_name_or_path")
+    adapter_base(directory)
     found = next((directory / name for name in ADAPTER_WEIGHTS if (directory / name).is_file()), None)
     if found is None:
         raise ModelFileError(f"{directory}: adapter without weights (none of {', '.join(ADAPTER_WEIGHTS)})")
@@ -119,7 +134,7 @@ def check_local_source(name_or_path: str) -> None:
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         check_gguf(path)
-    elif path.is_dir() and (path / ADAPTER_CONFIG).is_file():
+    elif is_adapter_dir(path):
         check_adapter_dir(path)
     elif path.is_dir():
         check_model_dir(path)

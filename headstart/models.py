@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from headstart.devices import resolve_device
 from headstart.fingerprint import file_sha256, files_sha256
-from headstart.model_files import check_local_source, read_json
+from headstart.model_files import adapter_base, check_local_source, is_adapter_dir
 from headstart.prompts import Family, detect_family
 from headstart.refusion import check_refusion_token_ids
 
@@ -207,7 +207,7 @@ def download_model(name_or_path: str) -> str | None:
     directory, its base. Embedded names, .gguf files and local directories need nothing
     (returns None). Offline (`HF_HUB_OFFLINE=1`) it only checks the cache. Returns the
     snapshot directory. Pre-download for nodes without internet: `python -m train.download`."""
-    base = adapter_base(name_or_path) if (Path(name_or_path).expanduser() / "adapter_config.json").is_file() else None
+    base = adapter_base(name_or_path)
     repo = base or name_or_path
     if not is_hub_id(repo):
         return None
@@ -250,7 +250,7 @@ def weights_fingerprint(name_or_path: str, adapter: str | None = None) -> str:
     check_local_source(base)  # no weights, a truncated file: refused here, not minutes later by the loader
     parts = [("model", _source_fingerprint(base))]
     if adapter:
-        if not (Path(adapter).expanduser() / "adapter_config.json").is_file():
+        if not is_adapter_dir(adapter):
             raise FileNotFoundError(f"adapter directory not found or without adapter_config.json: {adapter}")
         check_local_source(adapter)
         parts.append(("adapter", files_sha256(_loaded_files(Path(adapter).expanduser()))))
@@ -292,18 +292,6 @@ def _hub_commit(repo_id: str) -> str:
             f"({type(error).__name__}: {error})"
         ) from error
     return f"{repo_id}@{Path(snapshot).name}"
-
-
-def adapter_base(name_or_path: str) -> str | None:
-    """The base model named by a local PEFT adapter directory, else None."""
-    config = Path(name_or_path).expanduser() / "adapter_config.json"
-    if not config.is_file():
-        return None
-    content = read_json(config)
-    base = content.get("base_model_name_or_path") if isinstance(content, dict) else None
-    if not base:
-        raise ValueError(f"{config} names no base_model_name_or_path")
-    return base
 
 
 def _has_tokenizer(path: str) -> bool:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Literal
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any, Literal
 
 from headstart.refusion import MASK_TOKEN, token_id
+
+if TYPE_CHECKING:  # annotations only: configs check their system-prompt setting here, `--help` stays light
+    from transformers import PreTrainedTokenizerBase
 
 Family = Literal["qwen3", "refusion", "llama3", "gemma3", "chatml"]
 
@@ -93,7 +94,7 @@ def write_training_record(directory: str | Path, record: dict[str, Any]) -> Path
 def resolve_system_message(setting: str, model_source: str | Path | None = None) -> str | None:
     """The system message text for `setting`, None for no system turn. `model` reads what
     `model_source` (an adapter or merged directory) was trained with. `dataset` keeps each
-    training row's own turn: the caller handles it (train/data.py), it has no text here."""
+    training row's own turn: the caller handles it (train/tokenization.py), it has no text here."""
     setting = canonical_system_setting(setting)
     if setting == "incomplete":
         return INCOMPLETE_REQUEST_SYSTEM

@@ -7,7 +7,10 @@ resizing its embeddings. Training and evaluation both ask this module for the id
 
 from __future__ import annotations
 
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: headstart.prompts (a config's check) imports this module
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 BEGIN_TOKEN = "<|beginoftext|>"
 MASK_TOKEN = "<|mask|>"

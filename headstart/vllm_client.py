@@ -15,19 +15,18 @@ import math
 import os
 import signal
 import subprocess
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
-from typing import Optional
 
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
-from headstart.models import adapter_base, default_dtype, resolve_model_dir
+from headstart.model_files import ADAPTER_CONFIG, adapter_base
+from headstart.models import default_dtype, resolve_model_dir
+from headstart.vllm_settings import VLLMSettings, vllm_python
 
-ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("vllm_worker.py")
-DEFAULT_VENV = ROOT / ".venv-vllm"
 # The LoRA ranks vLLM can reserve room for (vllm.config.lora.MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 GIB = 1024**3
@@ -37,37 +36,7 @@ VLLM_DEFAULT_UTILIZATION = 0.9
 GPUMemory = dict[int, tuple[int, int]]  # GPU index in this process -> (free, total) bytes, torch.cuda.mem_get_info
 
 
-@dataclass
-class VLLMSettings:
-    """How the vLLM engines run (used when a `backend` setting is `vllm`)."""
-
-    python: Optional[str] = field(default=None, metadata={"help": "Interpreter of the vLLM environment; null: $HEADSTART_VLLM_PYTHON, else .venv-vllm/bin/python of this checkout (scripts/setup_vllm.sh)."})
-    tensor_parallel_size: int = field(default=1, metadata={"help": "GPUs each engine shards the model over (vLLM tensor parallelism)."})
-    data_parallel_size: int = field(default=1, metadata={"help": "Independent engines, each on tensor_parallel_size GPUs of its own; every batch is split among them."})
-    max_model_len: Optional[int] = field(default=None, metadata={"help": "Longest prompt + answer in tokens the engine reserves cache for; null: what the run needs (its longest prompt + max_new_tokens + 1), the model's only where a caller does not know its prompts; a value below the run's need is refused."})
-    gpu_memory_utilization: Optional[float] = field(default=None, metadata={"help": "GPU: share of each GPU's memory vLLM may take (weights and KV cache); null: what is free on the engine's GPUs at its start less gpu_memory_margin_gib, at most 0.9 (the evaluator's transformers model shares the GPU); a value above what is free is refused."})
-    gpu_memory_margin_gib: float = field(default=4.0, metadata={"help": "GPU, gpu_memory_utilization null: GiB left free beside vLLM on each of its GPUs (vLLM's CUDA context, the transformers model's working memory)."})
-    cpu_kv_cache_gib: int = field(default=4, metadata={"help": "CPU: KV cache size in GiB (VLLM_CPU_KVCACHE_SPACE)."})
-    cpu_threads_bind: str = field(default="auto", metadata={"help": "CPU: cores the engine's threads are bound to (VLLM_CPU_OMP_THREADS_BIND, e.g. '0' for one, 'nobind')."})
-    enforce_eager: Optional[bool] = field(default=None, metadata={"help": "Run the model without compiling it; null: eager on CPU (compiling takes minutes there), vLLM's default (compiled, CUDA graphs) on GPU."})
-    seed: int = field(default=0, metadata={"help": "vLLM's seed (decoding is greedy; it only fixes vLLM's own initialisation)."})
-
-    def __post_init__(self) -> None:
-        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
-            raise ValueError("vllm.tensor_parallel_size and vllm.data_parallel_size must be >= 1")
-        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"vllm.gpu_memory_utilization must be in (0, 1] or null, not {self.gpu_memory_utilization}")
-        if self.gpu_memory_margin_gib < 0:
-            raise ValueError(f"vllm.gpu_memory_margin_gib must be >= 0, not {self.gpu_memory_margin_gib}")
-
-
-def vllm_python(settings: VLLMSettings | None = None) -> Path:
-    """The interpreter the workers run in (see VLLMSettings.python)."""
-    chosen = (settings.python if settings else None) or os.environ.get("HEADSTART_VLLM_PYTHON")
-    return Path(chosen) if chosen else DEFAULT_VENV / "bin" / "python"
-
-
-@lru_cache(maxsize=None)
+@cache
 def _probe(python: str) -> tuple[str | None, str | None]:
     """(why vLLM cannot run from `python`, or None; the device type its build runs on: cpu, cuda...)."""
     if not Path(python).is_file():
@@ -99,8 +68,8 @@ class VLLMModel:
     """What an engine loads: a base model directory and, for an adapter, vLLM's LoRA request."""
 
     model_dir: str
-    lora_path: Optional[str] = None
-    lora_rank: Optional[int] = None
+    lora_path: str | None = None
+    lora_rank: int | None = None
 
 
 def vllm_model(model: str, adapter: str | None = None) -> VLLMModel:
@@ -112,7 +81,7 @@ def vllm_model(model: str, adapter: str | None = None) -> VLLMModel:
         model, adapter = base, model
     if not adapter:
         return VLLMModel(resolve_model_dir(model))
-    config = json.loads((Path(adapter).expanduser() / "adapter_config.json").read_text())
+    config = json.loads((Path(adapter).expanduser() / ADAPTER_CONFIG).read_text())
     if config.get("modules_to_save"):
         raise ValueError(f"adapter {adapter} also trains {config['modules_to_save']} in full: vLLM's LoRA cannot "
                          "apply it; merge it (python -m train.merge) and give the merged directory as the model")
@@ -232,7 +201,7 @@ class VLLMEngines:
                     os.killpg(worker.pid, signal.SIGKILL)  # the worker and vLLM's engine process it started
         self.workers = []
 
-    def __enter__(self) -> "VLLMEngines":
+    def __enter__(self) -> VLLMEngines:
         return self
 
     def __exit__(self, *exc) -> None:

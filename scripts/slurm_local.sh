@@ -74,7 +74,9 @@ SlurmctldHost=$(hostname)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$MUNGE/munge.socket
+# A requeued job waits cred_expire seconds before it may start again (120 by default); the
+# preemption tests requeue twice. 30 s still outlasts a step's launch on a busy machine.
+AuthInfo=socket=$MUNGE/munge.socket,cred_expire=30
 CredType=cred/munge
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none

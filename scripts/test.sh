@@ -21,4 +21,8 @@ if [ "$(id -u)" = 0 ]; then
     exit "$started"
   fi
 fi
-python -m pytest -q --timeout 1800 "$@"
+# Two workers (pytest-xdist): much of the suite waits (Slurm jobs, launches, vLLM engines) or
+# runs on one thread. tests/conftest.py groups the tests into work units (a file, or every
+# test of one shared resource: the Slurm cluster, torch's default port) and orders them
+# longest first. `-n 0` after it runs the suite in one process again (e.g. with -s).
+python -m pytest -q --timeout 1800 -n 2 --dist loadgroup --no-loadscope-reorder "$@"

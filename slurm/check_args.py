@@ -15,12 +15,12 @@ exits 2 at the first bad stage; exits 0 when all pass.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the submitted checkout, as the jobs run it
+from headstart.config import cli_main, load_config
+from headstart.paths import use_checkout
 
-from headstart.config import cli_main, load_config  # noqa: E402
+use_checkout()  # the checkout's eval, train and data_builders, as the jobs run them (not installed)
 
 
 def check_data(argv: list[str]) -> None:
@@ -31,7 +31,8 @@ def check_data(argv: list[str]) -> None:
 
 
 def check_train(argv: list[str]) -> None:
-    from train.config import TrainRecipe, validate
+    from train.config import TrainRecipe
+    from train.validation import validate
 
     if not any(arg.startswith("recipe=") for arg in argv):
         argv = ["recipe=smollm2_prefix", *argv]  # train/sft.py's default recipe

@@ -3,7 +3,7 @@
 The tokenizer is a byte-level BPE trained here on HumanEval prompts, so every
 test request tokenizes into realistic pieces; the models are randomly
 initialised Qwen3 and Llama networks small enough to decode hundreds of tokens
-per second on one core (headstart.tiny_models builds both; the device check uses them too).
+per second on one core (scripts/tiny_models.py builds both; the device check uses them too).
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from headstart.tiny_models import build_tiny_model, build_tiny_tokenizer
+from tiny_models import build_tiny_model, build_tiny_tokenizer  # scripts/tiny_models.py
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -76,7 +75,7 @@ def tiny_model_dir(request, tiny_qwen3_dir, tiny_llama_dir) -> Path:
 def data_dir() -> Path:
     """The real public data vendored in the repository (`data/`, see data/README.md).
     It is part of every checkout: a missing file is a failure, never a skip."""
-    from headstart.benchmark_registry import DATA_DIR
+    from headstart.paths import DATA_DIR
 
     assert DATA_DIR.is_dir(), f"the vendored data folder is missing: {DATA_DIR}"
     return DATA_DIR
@@ -96,3 +95,55 @@ def tiny_refusion_dir(tmp_path_factory, tiny_qwen3_dir) -> Path:
     loaded.model.save_pretrained(directory)
     loaded.tokenizer.save_pretrained(directory)
     return directory
+
+
+# --- Work units for pytest-xdist (scripts/test.sh runs `-n 2 --dist loadgroup`) ----------------
+# A unit runs whole on one worker, one test at a time. By default a unit is a file, so its module
+# fixtures are built once. Tests that share a machine resource form one unit whatever their file:
+# - slurm: the local cluster's two nodes, its queue and logs/;
+# - torchrun: multi-process or DeepSpeed launches, whose rendezvous takes torch's default port 29500.
+TORCHRUN_FILES = {"test_train_cluster.py", "test_train_distributed.py", "test_device_check.py"}
+# Files whose tests start separate expensive engines: one unit per set of module fixtures used
+# (test_vllm_backend: the evaluator's vLLM engine, the data build's, the LoRA one), so that the
+# two workers can run them side by side.
+SPLIT_BY_MODULE_FIXTURES = {"test_vllm_backend.py"}
+
+
+def work_unit(item: pytest.Item) -> str:
+    if item.get_closest_marker("slurm"):
+        return "slurm"
+    name = item.path.name
+    if name in TORCHRUN_FILES:
+        return "torchrun"
+    if name in SPLIT_BY_MODULE_FIXTURES:
+        definitions = item._fixtureinfo.name2fixturedefs
+        shared = sorted(n for n, defs in definitions.items() if defs and defs[-1].scope == "module")
+        return f"{name}[{','.join(shared)}]"
+    return name
+
+
+# The units that took longest on 2 cores (minutes: the Slurm ones about 15, vLLM's about 16 over
+# its units, the launches about 10), started first; the others follow, most slow tests first.
+LONGEST_FIRST = ("slurm", "test_vllm_backend.py", "torchrun")
+
+
+def unit_order(unit: str, slow_tests: int) -> tuple[int, int]:
+    rank = next((i for i, prefix in enumerate(LONGEST_FIRST) if unit.startswith(prefix)), len(LONGEST_FIRST))
+    return rank, -slow_tests
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: mark each test's work unit and put the long units first. With
+    --no-loadscope-reorder xdist hands units out in this order to whichever worker is free, so
+    the long ones start at once and the short ones fill the end. A run without workers is left
+    as collected."""
+    if not hasattr(config, "workerinput"):
+        return
+    units = {item: work_unit(item) for item in items}
+    slow = {}
+    for item, unit in units.items():
+        slow[unit] = slow.get(unit, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: unit_order(units[item], slow[units[item]]))  # stable: a unit keeps its order
+    for item, unit in units.items():
+        item.add_marker(pytest.mark.xdist_group(unit))

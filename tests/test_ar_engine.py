@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eval.engines.acceptance import AcceptanceRule
-from eval.engines.base import common_prefix_length
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
+from eval.engines.acceptance import AcceptanceRule
 from eval.engines.decode import DecodeSpec
-from eval.runner import StreamingEvaluator
+from eval.engines.tokens import common_prefix_length
+from eval.evaluator import StreamingEvaluator
 from headstart.models import load_model
 
 MAX_NEW_TOKENS = 24

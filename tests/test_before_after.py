@@ -9,10 +9,11 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from eval.engines.decode import DecodeSpec
 from eval.before_after import BeforeAfterConfig, main, run_before_after
-from headstart.config import RECIPES_DIR, load_config
+from eval.engines.decode import DecodeSpec
+from headstart.config import load_config
 from headstart.models import load_model
+from headstart.paths import RECIPES_DIR
 
 
 def make_adapter(base_dir: Path, target: Path, seed: int = 0) -> Path:

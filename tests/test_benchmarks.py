@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from eval.benchmarks import BENCHMARKS, get_benchmark
-from eval.benchmarks.canitedit import CanItEdit, canitedit_request_text
+from eval.benchmarks.canitedit import CanItEdit
 from eval.benchmarks.chat import Chat
 from eval.benchmarks.coedit import CoEdIT, coedit_request_text, split_source
 from eval.benchmarks.ds1000 import DS1000
 from eval.benchmarks.imports import imported_modules, installed
 from eval.benchmarks.mbpp import MBPP, entry_point
-from headstart.segment import segment_ds1000
+from headstart.segment import segment_ds1000, segment_edit_request
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -72,7 +72,7 @@ def test_canitedit_streams_the_program_first_and_the_instruction_last(data_dir):
     source = {f"canitedit/{row['full_name']}": row for row in rows(path)}
     for request in requests:
         row = source[request.request_id]
-        assert request.text == canitedit_request_text(row["before"], row["instruction_descriptive"])
+        assert request.text == "".join(segment_edit_request(row["before"], row["instruction_descriptive"]))
         assert request.text.startswith(row["before"].rstrip() + "\n\n") and "```" not in request.text  # bare
         assert row["instruction_descriptive"].strip().endswith(request.segments[-1].strip())
     lazy = CanItEdit(str(path), instruction="lazy").load(limit=1)[0]
@@ -239,7 +239,8 @@ def all_requests(data_dir):
     data = {"mbpp": data_dir / "mbpp" / "mbpp.jsonl", "canitedit": data_dir / "canitedit" / "canitedit.jsonl",
             "ds1000": data_dir / "ds1000" / "ds1000.jsonl.gz", "coedit": FIXTURES / "coedit" / "validation.jsonl",
             "chat": f"{FIXTURES / 'ultrachat' / 'test_sft.jsonl'},{data_dir / 'mt_bench'}"}
-    return {name: get_benchmark(name, str(path)).load() for name, path in data.items()} | {"humaneval": get_benchmark("humaneval").load()}
+    loaded = {name: get_benchmark(name, str(path)).load() for name, path in data.items()}
+    return loaded | {"humaneval": get_benchmark("humaneval").load()}
 
 
 def source_texts(data_dir) -> dict[str, str]:

@@ -12,9 +12,9 @@ from eval.config import EvalConfig
 from eval.extract import ds1000_postprocess, extract_text
 from eval.reporting.metrics import normalize_text, summarize, token_f1
 from eval.reporting.tables import macro_average, quality_table, suite_report
-from eval.runner import load_records
 from eval.suite import report_finished, run_suite
 from headstart.config import load_config
+from headstart.files import read_jsonl
 
 
 def record(base_score: float, stream_score: float, status: str = "passed", base: str = "a b", stream: str = "a b") -> dict:
@@ -43,7 +43,8 @@ def test_summary_leaves_skipped_problems_out_of_quality_and_counts_them():
 
 
 def test_agreement_f1_compares_the_streamed_answer_with_the_base_answer():
-    summary = summarize([record(1, 1, base="x y", stream="x y"), record(1, 1, base="alpha beta gamma delta", stream="alpha beta")])
+    summary = summarize([record(1, 1, base="x y", stream="x y"),
+                         record(1, 1, base="alpha beta gamma delta", stream="alpha beta")])
     assert summary["agreement_f1"] == pytest.approx((1 + 2 / 3) / 2)
 
 
@@ -89,10 +90,10 @@ def test_the_report_of_a_suite_in_progress_compares_rules_on_the_same_requests(t
     run_suite(config)
     # The threshold run of CoEdIT is cut short after its first request.
     cut = tmp_path / "coedit" / "threshold0.9" / "results.jsonl"
-    first = load_records(cut)[0]
+    first = read_jsonl(cut)[0]
     cut.write_text(json.dumps(first) + "\n")
     by_rule = report_finished(config)
-    greedy_first = next(r for r in load_records(tmp_path / "coedit" / "greedy" / "results.jsonl")
+    greedy_first = next(r for r in read_jsonl(tmp_path / "coedit" / "greedy" / "results.jsonl")
                         if r["request_id"] == first["request_id"])
     assert by_rule["threshold:0.9"]["coedit"] == summarize([first]) | {"benchmark": "coedit", "model": str(tiny_qwen3_dir),
                                                                     "adapter": None, "acceptance": "threshold:0.9",

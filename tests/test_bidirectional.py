@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from eval.benchmarks import get_benchmark
-from eval.engines.bidirectional import BidirectionalEngine, bidirectional_logits
 from eval.config import EvalConfig
+from eval.engines.bidirectional import BidirectionalEngine, bidirectional_logits
 from eval.engines.decode import DecodeSpec
-from eval.runner import StreamingEvaluator
+from eval.evaluator import StreamingEvaluator
 from eval.verifier_check import VerifierCheckConfig, check, main
 from headstart.models import load_model
 from headstart.refusion import add_refusion_tokens, mask_token_id
@@ -84,7 +84,8 @@ def test_the_decoder_costs_its_step_count_and_an_empty_draft_is_the_baseline(tin
         assert sum(engine.schedule(MAX_NEW_TOKENS)) == MAX_NEW_TOKENS and 1 <= len(baseline.answer) <= MAX_NEW_TOKENS
         streamed = engine.stream(prompts[-1:]).final
         assert (streamed.answer, streamed.forwards) == (baseline.answer, baseline.forwards)
-        # threshold:1 keeps only tokens of probability exactly 1, none here (asserted): the verification pass, then a full denoise.
+        # threshold:1 keeps only tokens of probability exactly 1, none here (asserted): the verification
+        # pass, then a full denoise.
         final = engine.stream(prompts).final
         assert final.accepted == 0 < final.draft_length
         assert final.forwards == 1 + STEPS

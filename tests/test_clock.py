@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from eval.engines.ar import AREngine
-from eval.engines.clock import TIMING_MODES, Stopwatch, timing_method
-from eval.engines.decode import DecodeSpec
+from eval.engines.clock import Stopwatch, timing_method
+from eval.engines.decode import TIMING_MODES, DecodeSpec
 from headstart.models import load_model
 
 ENGINES_DIR = Path(__file__).resolve().parents[1] / "eval" / "engines"

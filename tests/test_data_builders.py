@@ -10,17 +10,16 @@ from pathlib import Path
 
 import pytest
 from datasets import load_from_disk
+from synthetic_corpus import evol_codealpaca_rows, lmsys_row, lmsys_rows, write_jsonl
 
 from data_builders.build import build, main
 from data_builders.config import BuildConfig
 from data_builders.decontamination import DecontaminationIndex, build_index
 from data_builders.report import Report
-from headstart.segment import segment_request
 from data_builders.select import spaced_prefixes
-from data_builders.synthetic import evol_codealpaca_rows, lmsys_row, lmsys_rows, write_jsonl
 from headstart.config import load_config
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
-from headstart.segment import prefixes
+from headstart.segment import prefixes, segment_request
 
 EMBEDDED = Path(__file__).resolve().parents[1] / "data_builders" / "embedded"
 
@@ -144,11 +143,13 @@ def test_planted_humaneval_prompts_are_caught(tmp_path, lmsys_file, tiny_tokeniz
 
 
 def test_index_covers_every_local_benchmark_and_extra_files(tmp_path, data_dir):
-    extra = write_jsonl(tmp_path / "private_eval.jsonl", [{"question": "What is the capital of the planet Zorblax? Answer briefly."}])
+    question = {"question": "What is the capital of the planet Zorblax? Answer briefly."}
+    extra = write_jsonl(tmp_path / "private_eval.jsonl", [question])
     names = ["humaneval", "mbpp_test", "canitedit", "ds1000", "mt_bench", "coedit"]
     index, skipped = build_index(names, data_dir, [f"{extra}:question"], 13, on_missing="skip", hub=False)
     assert skipped == ["coedit"]
-    assert set(index.texts_per_benchmark) == {"humaneval", "mbpp_test", "canitedit", "ds1000", "mt_bench", "file:private_eval.jsonl"}
+    expected = {"humaneval", "mbpp_test", "canitedit", "ds1000", "mt_bench", "file:private_eval.jsonl"}
+    assert set(index.texts_per_benchmark) == expected
     mt_bench = json.loads((data_dir / "mt_bench/question.jsonl").open().readline())["turns"][0]
     assert index.check(mt_bench) == "contaminated_exact"
     assert index.check("what is the capital of the planet   zorblax? answer briefly.") == "contaminated_exact"
@@ -208,7 +209,8 @@ def test_malformed_rows_are_counted_by_reason(tmp_path, capsys):
         b"{not json",
         b"[1, 2]",
         json.dumps({k: v for k, v in lmsys_row(10, "A. B.", "x").items() if k != "conversation_id"}).encode(),
-        json.dumps(lmsys_row(11, "A. B.", "x", conversation=[{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}])).encode(),
+        json.dumps(lmsys_row(11, "A. B.", "x", conversation=[{"role": "user", "content": 3},
+                                                            {"role": "assistant", "content": "x"}])).encode(),
         json.dumps(lmsys_row(12, "   ", "x")).encode(),
         json.dumps(lmsys_row(13, "Long. " * 5000, "x")).encode(),
         json.dumps(lmsys_row(14, "Bonjour. Merci.", "x", language="French")).encode(),

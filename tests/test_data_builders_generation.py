@@ -16,17 +16,16 @@ import time
 from pathlib import Path
 
 from datasets import load_from_disk
+from test_data_builders import tree_bytes
 
 from data_builders.answer_cache import AnswerCache, answer_key
 from data_builders.build import build
 from data_builders.config import BuildConfig
 from data_builders.generation import cache_path
 from data_builders.report import Report
-from test_data_builders import tree_bytes
-from headstart.segment import segment_request
 from headstart.config import load_config
 from headstart.prompts import build_messages, render_prompt
-from headstart.segment import prefixes
+from headstart.segment import prefixes, segment_request
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +55,8 @@ def test_self_distilled_ar_pairs(tmp_path, tiny_qwen3_ending_dir, tiny_tokenizer
     rows = list(data["train"]) + list(data.get("validation", []))
     assert 0 < len(rows) <= 30 and {r["answer_kind"] for r in rows} == {"self"}
     assert {r["answer_model"] for r in rows} == {str(model)}  # who wrote the answers: training checks it
-    requests = {json.loads(l)["id"]: json.loads(l)["request"] for l in (ROOT / "data_builders/embedded/requests.jsonl").open()}
+    rows = map(json.loads, (ROOT / "data_builders/embedded/requests.jsonl").open())
+    requests = {row["id"]: row["request"] for row in rows}
     for row in rows:
         request = requests[row["source_id"]]
         assert row["messages"][1]["content"] == prefixes(segment_request(request))[row["prefix_index"] - 1]
@@ -81,7 +81,8 @@ def test_answers_cut_at_the_token_cap_are_dropped_and_counted(tmp_path, tiny_qwe
 
     # The flags are the truth: regenerate and look for the end token.
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    requests = {json.loads(l)["id"]: json.loads(l)["request"] for l in (ROOT / "data_builders/embedded/requests.jsonl").open()}
+    rows = map(json.loads, (ROOT / "data_builders/embedded/requests.jsonl").open())
+    requests = {row["id"]: row["request"] for row in rows}
     by_key = {answer_key(str(model_dir), render_prompt(tiny_tokenizer, build_messages(r)), 24): i for i, r in requests.items()}
     checked = 0
     for key in sorted(cache.answers)[:8]:
@@ -119,7 +120,8 @@ def test_draft_refinement_triples(tmp_path, tiny_llama_dir, tiny_tokenizer, data
     rows = list(data["train"]) + list(data.get("validation", []))
     assert len(rows) == 24
     assert set(data["train"].column_names) >= {"query", "draft", "response", "source_id", "prefix_index"}
-    problems = {str(r["index"]): r for r in map(json.loads, (data_dir / "code_sft/magicoder_oss_instruct_75k_sample500.jsonl").open())}
+    sample = data_dir / "code_sft/magicoder_oss_instruct_75k_sample500.jsonl"
+    problems = {str(r["index"]): r for r in map(json.loads, sample.open())}
     for row in rows:
         problem = problems[row["source_id"]]
         steps = prefixes(segment_request(problem["problem"]))

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from datasets import Dataset
+from device_check import STAGES, CheckError, claim_output_dir  # scripts/ is on pytest's pythonpath
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "device_check.sh"
-sys.path.insert(0, str(REPO / "scripts"))
-
-from device_check import STAGES, CheckError, claim_output_dir  # noqa: E402
 
 from headstart.run_dir import MARK  # noqa: E402
 
@@ -31,7 +28,7 @@ def self_distilled_rows(model: str) -> Dataset:
 def test_smollm2_answers_train_smollm2_under_any_of_its_names():
     """The converted directory and the GGUF file are the model `smollm2` names; another model is not."""
     from headstart.models import embedded_gguf_path, resolve_model_dir
-    from train.data import check_answer_models, same_model
+    from train.provenance import check_answer_models, same_model
 
     data = self_distilled_rows("smollm2")
     converted = resolve_model_dir("smollm2")

@@ -16,16 +16,19 @@ from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
 from eval.extract import extract_code
 from eval.reporting.metrics import summarize
-from eval.runner import load_records, run_evaluation
-from headstart.config import RECIPES_DIR, RecipeError, load_config
-
+from eval.results_dir import result_settings, saved_config
+from eval.runner import run_evaluation
+from headstart.config import RecipeError, load_config
+from headstart.files import read_jsonl
+from headstart.paths import RECIPES_DIR
 
 DECODE_KEYS = {f.name for f in fields(DecodeSpec)}
 
 
 def config_for(model_dir, output_dir, **overrides) -> EvalConfig:
     decode = {key: overrides.pop(key) for key in list(overrides) if key in DECODE_KEYS}
-    values = dict(model=str(model_dir), output_dir=str(output_dir), limit=3, decode=DecodeSpec(**({"max_new_tokens": 16} | decode)))
+    values = dict(model=str(model_dir), output_dir=str(output_dir), limit=3,
+                  decode=DecodeSpec(**({"max_new_tokens": 16} | decode)))
     return EvalConfig(**(values | overrides))
 
 
@@ -54,17 +57,15 @@ def test_resume_refuses_results_of_other_settings(tiny_qwen3_dir, tmp_path):
         run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1, acceptance="threshold:0.9"))
 
 
-def test_resume_reads_a_setting_added_later_as_its_default(tiny_qwen3_dir, tmp_path):
-    """Results written before `system_prompt` existed were made with its default."""
+def test_resume_refuses_results_that_do_not_record_a_setting(tiny_qwen3_dir, tmp_path):
+    """A setting config.json lacks is unknown, not its default: those results are not resumed on."""
     run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1))
     saved_path = tmp_path / "config.json"
     saved = json.loads(saved_path.read_text())
     del saved["system_prompt"]
     saved_path.write_text(json.dumps(saved))
-    assert run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1))["requests"] == 1
-    saved_path.write_text(json.dumps(saved))
-    with pytest.raises(ValueError, match="system_prompt: 'model' -> 'incomplete'"):
-        run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1, system_prompt="incomplete"))
+    with pytest.raises(ValueError, match="system_prompt: None -> 'model'"):
+        run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1))
 
 
 def test_results_carry_fingerprints_and_refuse_other_bytes_at_the_same_path(tiny_qwen3_dir, tmp_path):
@@ -98,7 +99,7 @@ def test_results_carry_fingerprints_and_refuse_other_bytes_at_the_same_path(tiny
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     with pytest.raises(ValueError, match="data_fingerprint"):
         run_evaluation(config_for(model, out, limit=1, data_path=str(data)))
-    assert len(load_records(out / "results.jsonl")) == 1
+    assert len(read_jsonl(out / "results.jsonl")) == 1
 
 
 def test_results_without_their_config_are_refused(tiny_qwen3_dir, tmp_path):
@@ -109,17 +110,20 @@ def test_results_without_their_config_are_refused(tiny_qwen3_dir, tmp_path):
     assert not (tmp_path / "config.json").exists()
 
 
-def test_results_written_before_fingerprints_resume_with_a_warning(tiny_qwen3_dir, tmp_path, capsys):
-    """An older results directory (no fingerprints) keeps the rule for settings added
-    later; its fingerprints stay unrecorded: config.json never vouches for old records."""
+def test_results_whose_config_lacks_fingerprints_are_refused(tiny_qwen3_dir, tmp_path):
+    """A config.json without the weights' and data's fingerprints cannot vouch for its
+    records: they are other settings, not resumed on."""
     run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1))
     saved = json.loads((tmp_path / "config.json").read_text())
-    legacy = {k: v for k, v in saved.items() if not k.endswith("_fingerprint")}
-    (tmp_path / "config.json").write_text(json.dumps(legacy))
-    assert run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=2))["requests"] == 2
-    assert "predates fingerprints" in capsys.readouterr().err
-    resaved = json.loads((tmp_path / "config.json").read_text())
-    assert resaved["weights_fingerprint"] is None and resaved["data_fingerprint"] is None
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if not k.endswith("_fingerprint")}))
+    with pytest.raises(ValueError, match="holds results of other settings .*weights_fingerprint: None"):
+        run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=2))
+
+
+def test_saved_config_gives_back_the_settings_that_wrote_the_results(tiny_qwen3_dir, tmp_path):
+    """What the analysis scripts (benchmarks/lookup_bound.py, greedy_divergence.py) rebuild a run from."""
+    run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1, regenerate="plain"))
+    assert result_settings(saved_config(tmp_path)) == json.loads((tmp_path / "config.json").read_text())
 
 
 def test_a_damaged_results_line_is_named_not_dropped(tiny_qwen3_dir, tmp_path):
@@ -168,7 +172,7 @@ def test_limit_zero_checks_and_writes_nothing(tiny_qwen3_dir, tmp_path, monkeypa
 
 def test_threshold_run_records_streamed_answers(tiny_llama_dir, tmp_path):
     summary = run_evaluation(config_for(tiny_llama_dir, tmp_path, acceptance="threshold:0.5", limit=2))
-    records = load_records(tmp_path / "results.jsonl")
+    records = read_jsonl(tmp_path / "results.jsonl")
     assert all(r["engine"] == "fast" for r in records)  # auto: drafting batched across requests
     assert summary["evaluated"] + summary["excluded_empty"] == 2
 

@@ -11,17 +11,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_before_after import make_adapter
 
 from eval import runner, suite
 from eval.__main__ import main
 from eval.before_after import BeforeAfterConfig, run_before_after
 from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.records import load_records
 from eval.runner import run_evaluation
 from eval.suite import run_suite
 from headstart.config import load_config
-from test_before_after import make_adapter
+from headstart.files import read_jsonl
 
 TIMING = re.compile(r"_seconds$|wall")
 
@@ -53,9 +53,9 @@ def untimed_markdown(text: str) -> str:
 def assert_same_results(sharded: Path, unsharded: Path) -> None:
     """One results directory equals the other but for timing: every record (in order),
     the settings, the summary and the report."""
-    records = load_records(sharded / "results.jsonl")
-    assert [r["request_id"] for r in records] == [r["request_id"] for r in load_records(unsharded / "results.jsonl")]
-    assert untimed(records) == untimed(load_records(unsharded / "results.jsonl"))
+    records = read_jsonl(sharded / "results.jsonl")
+    assert [r["request_id"] for r in records] == [r["request_id"] for r in read_jsonl(unsharded / "results.jsonl")]
+    assert untimed(records) == untimed(read_jsonl(unsharded / "results.jsonl"))
     assert (sharded / "config.json").read_text() == (unsharded / "config.json").read_text()
     # config.yaml names its output_dir, the one setting the two runs must not share.
     assert (sharded / "config.yaml").read_text() == (unsharded / "config.yaml").read_text().replace(
@@ -66,7 +66,7 @@ def assert_same_results(sharded: Path, unsharded: Path) -> None:
 
 
 def shard_ids(directory: Path) -> list[str]:
-    return [r["request_id"] for r in load_records(directory / "results.jsonl")]
+    return [r["request_id"] for r in read_jsonl(directory / "results.jsonl")]
 
 
 def test_sharded_before_after_merges_into_the_unsharded_report(tmp_path, tiny_qwen3_dir, monkeypatch):
@@ -169,12 +169,12 @@ def test_the_merge_refuses_missing_unfinished_and_mismatched_shards(tmp_path, ti
         (shards / "0-of-3" / name).unlink()
     (shards / "0-of-3").rmdir()
     summary = run_evaluation(config)
-    assert summary["requests"] == 3 and len(load_records(tmp_path / "results.jsonl")) == 3
+    assert summary["requests"] == 3 and len(read_jsonl(tmp_path / "results.jsonl")) == 3
 
 
 def test_more_shards_than_requests_leave_empty_shards_that_merge(tmp_path, tiny_qwen3_dir):
     config = EvalConfig(model=str(tiny_qwen3_dir), limit=2, decode=DecodeSpec(max_new_tokens=4), output_dir=str(tmp_path))
     for index in range(3):
         run_evaluation(replace(config, shard=f"{index}/3"))
-    assert load_records(tmp_path / "shards" / "2-of-3" / "results.jsonl") == []
+    assert read_jsonl(tmp_path / "shards" / "2-of-3" / "results.jsonl") == []
     assert run_evaluation(config)["requests"] == 2

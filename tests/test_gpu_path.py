@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM
 from headstart.config import load_config
 from headstart.devices import CudaUnusableError, default_device, environment_gpu_requests, require_cuda, resolve_device
 from headstart.models import from_pretrained_kwargs, load_model
-from train.config import RecipeValueError, TrainRecipe, batch_plan
+from train.batch import batch_plan
+from train.config import RecipeValueError, TrainRecipe
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES")
@@ -153,7 +154,7 @@ def test_accelerate_cpu_is_an_explicit_choice(no_gpu_environment):
     environ = {"CUDA_VISIBLE_DEVICES": "0"}
     assert training_gpu_requests(recipe, environ) == ["CUDA_VISIBLE_DEVICES=0", "training.bf16=true"]
     assert training_gpu_requests(recipe, environ | {"ACCELERATE_USE_CPU": "True"}) == []
-    recipe.training.bf16 = None
+    recipe.training["bf16"] = None
     assert training_gpu_requests(recipe, {}) == []
 
 
@@ -176,21 +177,21 @@ def test_the_paper_recipes_are_those_tagged_paper_and_the_distillation_twin():
 @pytest.mark.parametrize("name", PAPER_RECIPES)
 def test_a_paper_recipe_keeps_batch_16_or_refuses_naming_the_override(name):
     recipe = paper_recipe(name)
-    raising = paper_recipe(name, "training.keep_effective_batch=false")
-    rate = recipe.training.learning_rate
-    assert recipe.training.effective_batch_size == 16
+    raising = paper_recipe(name, "run.keep_effective_batch=false")
+    rate = recipe.training["learning_rate"]
+    assert recipe.run.effective_batch_size == 16
     for world in range(1, 65):
         if 16 % world == 0:
-            plan = batch_plan(recipe.training, world)
+            plan = batch_plan(recipe, world)
             assert (plan.effective, plan.learning_rate, plan.kept) == (16, rate, True), world
             assert not any(note.startswith("WARNING") for note in plan.notes())
             continue
         raised = -(-16 // world) * world
         with pytest.raises(RecipeValueError, match=f"cannot be split over {world} processes.*pass "
-                                                   f"training.keep_effective_batch=false to accept the raised "
+                                                   f"run.keep_effective_batch=false to accept the raised "
                                                    f"batch {raised} "):
-            batch_plan(recipe.training, world)
-        plan = batch_plan(raising.training, world)
+            batch_plan(recipe, world)
+        plan = batch_plan(raising, world)
         assert plan.effective == raised and plan.world_size * plan.per_device * plan.accumulation == raised
         assert plan.learning_rate == pytest.approx(rate * (raised / 16) ** 0.5)
         assert plan.notes()[0].startswith(f"WARNING: effective batch 16 is not a multiple of the world size {world}")
@@ -204,7 +205,7 @@ def test_the_paper_batch_is_refused_before_any_data_work(no_gpu_environment, tmp
 
     state = FakeState(num_processes=32)
     no_gpu_environment.setattr(sft, "PartialState", state)
-    with pytest.raises(RecipeValueError, match="training.keep_effective_batch=false to accept the raised batch 32"):
+    with pytest.raises(RecipeValueError, match="run.keep_effective_batch=false to accept the raised batch 32"):
         sft.main(["recipe=qwen3_prefix", f"data.path={tmp_path / 'absent.jsonl'}",
                   f"training.output_dir={tmp_path / 'run'}"])
 
@@ -213,7 +214,8 @@ def test_the_paper_batch_is_refused_before_any_data_work(no_gpu_environment, tmp
 
 def test_a_process_loads_the_whole_model_on_its_own_gpu(no_gpu_environment):
     """Left unset, TRL gives a single process device_map="auto": the model spread over every GPU."""
-    from train.sft import model_init_kwargs, parse_recipe
+    from train.arguments import model_init_kwargs
+    from train.sft import parse_recipe
 
     recipe, _ = parse_recipe(["recipe=qwen3_prefix", "model.dtype=bfloat16"])
     assert model_init_kwargs(recipe, 8, "cuda:0") == {"dtype": torch.bfloat16, "attn_implementation": "sdpa",
@@ -230,7 +232,7 @@ def test_a_single_process_on_a_multi_gpu_node_trains_on_one_gpu(tmp_path):
     node's count, which TRL refuses after the model has loaded."""
     from trl import SFTConfig
 
-    from train.sft import keep_one_gpu
+    from train.arguments import keep_one_gpu
 
     args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
     args._n_gpu = 8  # what TrainingArguments counts on an 8-GPU node without a launcher
@@ -298,9 +300,10 @@ def test_the_main_node_merges_alone_past_the_sites_wait_time(tmp_path, tiny_qwen
     """Rank 0 merges alone; the other node's torchrun agent waits for it at its exit barrier, 300 s
     at most (torch's fixed exit_barrier_timeout), then ends its task. Slurm then gives the rest of
     the step WaitTime seconds (2 on the local cluster): without srun --wait=0 a merge longer than
-    300 s (an 8-12B base in float32 on CPU; held 360 s here) was killed and left no merged model."""
+    300 s (an 8-12B base in float32 on CPU) was killed and left no merged model. Here the barrier is
+    cut to 20 s (tests/support/sitecustomize.py) and the merge held 60 s: the same kill, minutes sooner."""
     from test_slurm import CPU_TRAIN, sbatch
-    from test_train_support import humaneval_dialogues, tiny_overrides, write_jsonl
+    from test_train_support import humaneval_dialogues, slow_training_env, tiny_overrides, write_jsonl
 
     local_slurm()
     shown = subprocess.run(["scontrol", "show", "config"], env=local_slurm()(), capture_output=True, text=True).stdout
@@ -308,7 +311,9 @@ def test_the_main_node_merges_alone_past_the_sites_wait_time(tmp_path, tiny_qwen
     data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(16))
     out = tmp_path / "run"
     overrides = tiny_overrides(tiny_qwen3_dir, data, out, max_steps=2, save_steps=2, merge="true")
-    job = sbatch("--nodes=2", *CPU_TRAIN, "slurm/train.sbatch", *overrides, HEADSTART_MERGE_DELAY_S="360")
+    slow = slow_training_env(merge_s=60, exit_barrier_s=20)
+    job = sbatch("--nodes=2", *CPU_TRAIN, "slurm/train.sbatch", *overrides, **slow)
     log = (REPO / "logs" / f"headstart-train-{job}.out").read_text()
     assert "2 nodes x 1 processes" in log and f"merged: {out / 'merged'}" in log
     assert (out / "merged" / "config.json").is_file()
+    assert "Error waiting on exit barrier" in log  # the short barrier did end the other node's task mid-merge

@@ -9,11 +9,14 @@ import time
 
 import pytest
 
+# The screenshot command is a script of benchmarks/ (it makes the README's picture; it does not ship).
+from live_screenshot import browser_paths, chromium, serving, type_into
+
 from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
 from eval.live import LiveConfig, LiveModel, build_app, complete_prefix
-from eval.live_screenshot import browser_paths, chromium, serving, type_into
-from eval.runner import load_records, run_evaluation
+from eval.runner import run_evaluation
+from headstart.files import read_jsonl
 from headstart.models import load_model
 
 needs_browser = pytest.mark.skipif(not all(browser_paths()), reason="needs the system chromium and chromium-driver")
@@ -126,7 +129,7 @@ def test_typed_request_gets_the_evaluators_answer(served, browser, tiny_qwen3_en
     config = EvalConfig(model=str(tiny_qwen3_ending_dir), limit=1, decode=DecodeSpec(max_new_tokens=24),
                         output_dir=str(tmp_path / "eval"))
     run_evaluation(config)
-    record = load_records(tmp_path / "eval" / "results.jsonl")[0]
+    record = read_jsonl(tmp_path / "eval" / "results.jsonl")[0]
     url, gate = served
     browser.get(url)
     wait = WebDriverWait(browser, 120)
@@ -154,7 +157,7 @@ def test_typed_request_gets_the_evaluators_answer(served, browser, tiny_qwen3_en
 @needs_browser
 def test_the_screenshot_command_types_a_benchmark_request_and_saves_the_answered_page(tiny_qwen3_ending_dir, tmp_path,
                                                                                        capsys):
-    from eval.live_screenshot import ScreenshotConfig, take_screenshot
+    from live_screenshot import ScreenshotConfig, take_screenshot
 
     output = tmp_path / "docs" / "live_page.png"
     take_screenshot(ScreenshotConfig(model=str(tiny_qwen3_ending_dir), cpm=12000, decode=DecodeSpec(max_new_tokens=24),

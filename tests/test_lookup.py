@@ -7,16 +7,15 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from test_ar_engine import MAX_NEW_TOKENS, make_evaluator, naive_greedy
 
 from eval.benchmarks import get_benchmark
-from eval.engines.decode import DecodeSpec
-from eval.engines.fast_path import update_cost
-from eval.engines.lookup import LookupPolicy, Proposer, regeneration_forwards
 from eval.config import EvalConfig
-from eval.runner import StreamingEvaluator
+from eval.engines.decode import DecodeSpec
+from eval.engines.lookup import LookupPolicy, Proposer, regeneration_forwards, update_cost
+from eval.evaluator import StreamingEvaluator
 from headstart.config import RecipeError, load_config
 from headstart.models import load_model
-from test_ar_engine import MAX_NEW_TOKENS, make_evaluator, naive_greedy
 
 EOS = 99
 POLICY = LookupPolicy(max_ngram=3, block=10, occurrence="first", min_ngram=1)
@@ -161,7 +160,8 @@ def test_decode_settings_are_validated_when_the_config_is_built():
         load_config(EvalConfig, ["acceptance=greedy"])
 
 
-def test_a_plain_results_dir_from_before_regenerate_existed_is_not_resumed_as_lookup(tiny_qwen3_dir, tmp_path):
+def test_a_results_dir_whose_config_lacks_a_setting_is_not_resumed(tiny_qwen3_dir, tmp_path):
+    """A number-deciding setting config.json does not record is unknown, not its default."""
     import json
 
     from eval.runner import run_evaluation
@@ -172,10 +172,10 @@ def test_a_plain_results_dir_from_before_regenerate_existed_is_not_resumed_as_lo
     saved = json.loads((tmp_path / "config.json").read_text())
     del saved["regenerate"]
     (tmp_path / "config.json").write_text(json.dumps(saved))
-    assert run_evaluation(config)["requests"] == 1
-    with pytest.raises(ValueError, match="regenerate: 'plain' -> 'lookup'"):
-        run_evaluation(EvalConfig(model=str(tiny_qwen3_dir), output_dir=str(tmp_path), limit=1,
-                                  decode=DecodeSpec(max_new_tokens=8)))
+    for regenerate in ("plain", "lookup"):
+        with pytest.raises(ValueError, match=f"regenerate: None -> '{regenerate}'"):
+            run_evaluation(EvalConfig(model=str(tiny_qwen3_dir), output_dir=str(tmp_path), limit=1,
+                                      decode=DecodeSpec(max_new_tokens=8, regenerate=regenerate)))
 
 
 # ------------------------------------------------------------------- SmolLM2

@@ -2,8 +2,8 @@
 
 Every entry point that writes marks its directory with headstart's run record
 (headstart.run_dir); an unmarked non-empty directory is refused before anything is
-written, directories of earlier versions still resume (and get the record), and a
-directory without progress is no run."""
+written, training directories of earlier versions still resume (and get the record),
+and a directory without progress is no run."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_train_support import REPO, humaneval_dialogues, launch_env, tiny_overrides, write_jsonl
 
 from eval.__main__ import main as eval_main
 from eval.before_after import BeforeAfterConfig, run_before_after
@@ -23,11 +24,10 @@ from eval.runner import run_evaluation
 from eval.suite import run_suite
 from headstart.config import dump_config, load_config
 from headstart.run_dir import MARK, OutputDirError, check_output_dir, write_mark
-from train.checkpoints import COMPLETE_MARKER, check_inputs, check_run_dir, mark_run
+from train.checkpoints import COMPLETE_MARKER
 from train.config import RecipeValueError, TrainRecipe
 from train.data import data_fingerprint
-
-from test_train_support import REPO, humaneval_dialogues, launch_env, tiny_overrides, write_jsonl
+from train.relaunch import check_inputs, check_run_dir, mark_run
 
 
 def config_for(model_dir, output_dir, limit: int = 1, **overrides) -> EvalConfig:
@@ -83,20 +83,11 @@ def test_a_results_directory_is_marked_and_resumes(tmp_path, tiny_qwen3_dir):
         check_run_dir(out, load_config(TrainRecipe, ["recipe=smollm2_prefix"]))
 
 
-def test_results_of_an_earlier_version_resume_and_get_the_mark(tmp_path, tiny_qwen3_dir):
-    """Directories written before the record existed are recognised by their own files."""
+def test_results_without_the_run_record_are_refused(tmp_path, tiny_qwen3_dir):
+    """The record is what makes a directory the evaluator's: its own files alone do not."""
     out = tmp_path / "out"
     run_evaluation(config_for(tiny_qwen3_dir, out))
     (out / MARK).unlink()
-    saved = json.loads((out / "config.json").read_text())
-    for key in ("sandbox_cpu_seconds", "backend"):  # keys added since
-        del saved[key]
-    (out / "config.json").write_text(json.dumps(saved))
-    assert run_evaluation(config_for(tiny_qwen3_dir, out, limit=2))["requests"] == 2
-    assert json.loads((out / MARK).read_text())["kind"] == "eval"
-    # But a user's file beside them makes it no results directory of ours.
-    (out / MARK).unlink()
-    (out / "notes.txt").write_text("mine")
     with pytest.raises(OutputDirError, match="holds no headstart-run.json"):
         run_evaluation(config_for(tiny_qwen3_dir, out, limit=2))
 

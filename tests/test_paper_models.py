@@ -31,9 +31,10 @@ from headstart.refusion import (
     QWEN3_VOCABULARY,
     REFUSION_TOKEN_IDS,
 )
-from train import memory
-from train.memory import Adapter, Architecture, Kernels
-from train.sft import lora_config, parse_recipe
+from train import memory, memory_formulas
+from train.arguments import lora_config
+from train.memory_formulas import Adapter, Architecture, Kernels
+from train.sft import parse_recipe
 
 PAPER_MODELS = {
     "qwen3_prefix": "Qwen/Qwen3-8B",
@@ -217,27 +218,27 @@ def test_estimate_of_a_tiny_config_by_hand():
     attention = 2 * 96 + 2 * 2 * 96 + 2 * 96 + 4 * 4 + 2 * 10
     mlp = 6 * 176
     lora = 3 * (64 + 2 * 64 + 16) + (96 + 2 * 96 + 16)
-    assert memory.layer_activation_bytes(TINY, adapter, 10) == norms + qk + attention + mlp + lora == 3908
+    assert memory_formulas.layer_activation_bytes(TINY, adapter, 10) == norms + qk + attention + mlp + lora == 3908
     # The first layer reads the embeddings: no input norm and no q/k/v mask saved.
-    assert memory.layer_activation_bytes(TINY, adapter, 10, first=True) == 3908 - 260 - 3 * 64
+    assert memory_formulas.layer_activation_bytes(TINY, adapter, 10, first=True) == 3908 - 260 - 3 * 64
     # Without a mask, k and v keep their 2 heads and no mask row is kept.
-    assert memory.layer_activation_bytes(TINY, adapter, 10, masked=False) == 3908 - 2 * 2 * 48 - 20
+    assert memory_formulas.layer_activation_bytes(TINY, adapter, 10, masked=False) == 3908 - 2 * 2 * 48 - 20
     lora_params = 3 * 8 * ((64 + 96) + 2 * (64 + 48) + (96 + 64))
     assert adapter.params(TINY) == lora_params == 13056
     params = 2 * 384 * 64 + 3 * (64 * 96 + 2 * 64 * 48 + 96 * 64 + 3 * 64 * 176 + 2 * 64 + 2 * 24) + 64
     assert TINY.total_params() == params
-    assert memory.weight_bytes(TINY, "ddp", 4) == 2 * params
-    assert memory.weight_bytes(TINY, "zero3", 4) == 2 * params // 4 + 2 * params  # the live cap exceeds the model
-    assert memory.lora_state_bytes(1000, "ddp", 4) == 20_000
-    assert memory.lora_state_bytes(1000, "zero3", 4) == 2000 + 14_000 // 4
+    assert memory_formulas.weight_bytes(TINY, "ddp", 4) == 2 * params
+    assert memory_formulas.weight_bytes(TINY, "zero3", 4) == 2 * params // 4 + 2 * params  # the live cap exceeds the model
+    assert memory_formulas.lora_state_bytes(1000, "ddp", 4) == 20_000
+    assert memory_formulas.lora_state_bytes(1000, "zero3", 4) == 2000 + 14_000 // 4
 
     tokens, rotary, cast, final_norm, head_saved = 20, 2 * 2 * 20 * 24, 2 * lora_params, 260 * 20, 4 * 384 * 20
-    full = memory.activation_bytes(TINY, adapter, batch=2, length=10, objective="refusion", checkpointing=False)
+    full = memory_formulas.activation_bytes(TINY, adapter, batch=2, length=10, objective="refusion", checkpointing=False)
     saved = (3456 + 2 * 3908) * tokens + rotary + cast + final_norm + head_saved
     assert full.saved == saved == 289_392
     # Peak at the head's backward: 12V per token, of which 4V is saved.
     assert full.peak == saved + 8 * 384 * tokens == 350_832
-    ckpt = memory.activation_bytes(TINY, adapter, batch=2, length=10, objective="refusion", checkpointing=True)
+    ckpt = memory_formulas.activation_bytes(TINY, adapter, batch=2, length=10, objective="refusion", checkpointing=True)
     assert ckpt.saved == 3 * 2 * 64 * tokens + final_norm + head_saved == 43_600
     # Peak in the last layer's backward: its recomputed activations and gradients, after the head's
     # tensors are freed, with the rotary tables, the mask and the adapter's bf16 copy waiting.
@@ -421,9 +422,9 @@ def scored_positions(objective: str, batch: dict[str, torch.Tensor]) -> int:
     return int(predicting_positions(batch["labels"]).sum())
 
 
-def tiny_estimate(config, recipe, checkpointing: bool) -> memory.Activations:
+def tiny_estimate(config, recipe, checkpointing: bool) -> memory_formulas.Activations:
     arch = Architecture.from_config(config)
-    return memory.activation_bytes(arch, memory.adapter_of(recipe, arch), BATCH, LENGTH, recipe.objective,
+    return memory_formulas.activation_bytes(arch, memory_formulas.adapter_of(recipe, arch), BATCH, LENGTH, recipe.objective,
                                    checkpointing, kernels=CPU, scored=scored_positions(recipe.objective, tiny_batch()))
 
 

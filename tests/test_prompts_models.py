@@ -6,7 +6,11 @@ import pytest
 
 from headstart.models import load_model, resolve_model_dir
 from headstart.prompts import (
-    INCOMPLETE_REQUEST_SYSTEM, build_messages, detect_family, encode_prompt, render_prompt,
+    INCOMPLETE_REQUEST_SYSTEM,
+    build_messages,
+    detect_family,
+    encode_prompt,
+    render_prompt,
 )
 
 GEMMA_TEMPLATE = (
@@ -80,7 +84,10 @@ def test_models_load_from_local_dirs_and_missing_ones_are_named(tiny_llama_dir, 
 
 def test_system_message_vocabulary(tmp_path):
     from headstart.prompts import (
-        INCOMPLETE_REQUEST_SYSTEM, canonical_system_setting, resolve_system_message, write_training_record,
+        INCOMPLETE_REQUEST_SYSTEM,
+        canonical_system_setting,
+        resolve_system_message,
+        write_training_record,
     )
 
     assert resolve_system_message("incomplete") == INCOMPLETE_REQUEST_SYSTEM
@@ -122,7 +129,7 @@ def test_refusion_prompts_render_as_upstream(tokenizer_with):
     """ML-GSAI/ReFusion trains with the template's default (train.py) and generates and evaluates
     with enable_thinking=True (generate.py, eval.py): no empty think block, unlike Qwen3's."""
     from headstart.refusion import BEGIN_TOKEN, MASK_TOKEN
-    from train.data import split_prompt_answer
+    from train.tokenization import split_prompt_answer
 
     tokenizer = tokenizer_with(QWEN3_TEMPLATE)
     tokenizer.add_special_tokens({"additional_special_tokens": [BEGIN_TOKEN, MASK_TOKEN]})

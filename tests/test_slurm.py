@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from safetensors.torch import load_file
+from test_train_support import humaneval_dialogues, slow_training_env, tiny_overrides, write_jsonl
 
-from test_train_support import humaneval_dialogues, tiny_overrides, write_jsonl
 from train.checkpoints import COMPLETE_MARKER
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,7 +98,7 @@ def test_requeued_training_job_resumes_from_its_last_checkpoint(tmp_path, tiny_q
     out = tmp_path / "run"
     overrides = tiny_overrides(tiny_qwen3_dir, data, out, max_steps=6, save_steps=2)
     submitted = subprocess.run(["sbatch", "--parsable", "--nodes=2", *CPU_TRAIN, "slurm/train.sbatch", *overrides], cwd=REPO,
-                               env=slurm_env(HEADSTART_STEP_DELAY_S="4"), capture_output=True, text=True, check=True)
+                               env=slurm_env(**slow_training_env(step_s=4)), capture_output=True, text=True, check=True)
     job_id = submitted.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 600
     while not (out / "checkpoint-2" / "CHECKPOINT_COMPLETE").is_file():
@@ -144,7 +143,7 @@ def test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapt
     submitted = subprocess.run(
         ["sbatch", "--parsable", "--nodes=2", *CPU_TRAIN, "slurm/train.sbatch",
          *tiny_overrides(tiny_qwen3_dir, data, preempted, **settings)],
-        cwd=REPO, env=slurm_env(HEADSTART_STEP_DELAY_S="3"), capture_output=True, text=True, check=True,
+        cwd=REPO, env=slurm_env(**slow_training_env(step_s=3)), capture_output=True, text=True, check=True,
     )
     job_id = submitted.stdout.strip().split(";")[0]
     log = REPO / "logs" / f"headstart-train-{job_id}.out"

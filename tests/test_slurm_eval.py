@@ -7,12 +7,12 @@ import json
 import subprocess
 
 import pytest
-
-from eval.before_after import BeforeAfterConfig, run_before_after
-from eval.engines.decode import DecodeSpec
 from test_before_after import make_adapter
 from test_eval_shards import assert_same_results, shard_ids, untimed, untimed_markdown
 from test_slurm import CPU_DATA, CPU_TRAIN, REPO, cluster_up, slurm_env
+
+from eval.before_after import BeforeAfterConfig, run_before_after
+from eval.engines.decode import DecodeSpec
 
 pytestmark = [
     pytest.mark.slurm,

@@ -17,18 +17,24 @@ from types import SimpleNamespace
 import pytest
 import torch
 from datasets import Dataset, DatasetDict
+from test_train_support import (
+    REPO,
+    humaneval_dialogues,
+    launch,
+    launch_command,
+    launch_env,
+    slow_training_env,
+    tiny_overrides,
+    write_jsonl,
+)
 
 from headstart.config import dump_config
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, read_training_record
-from train.checkpoints import (
-    COMPLETE_MARKER, TOPOLOGY_FILE, CompletenessMarker, Topology, check_resume, checkpoint_topology, launch_topology,
-)
-from train.config import RecipeValueError, batch_plan
+from train.batch import batch_plan
+from train.checkpoints import COMPLETE_MARKER, CompletenessMarker
+from train.config import RecipeValueError
 from train.sft import parse_recipe
-
-from test_train_support import REPO, humaneval_dialogues, launch, launch_command, launch_env, tiny_overrides
-from test_train_support import write_jsonl
-
+from train.topology import TOPOLOGY_FILE, Topology, check_resume, checkpoint_topology, launch_topology
 
 # --- Resume on another topology ------------------------------------------------------------
 
@@ -67,32 +73,32 @@ def test_topology_is_read_off_checkpoints_written_before_records(tmp_path):
 def test_resume_on_another_topology_is_refused_or_allowed_before_training(tmp_path):
     """DeepSpeed raised mid-start on another data-parallel size; DDP <-> ZeRO failed (or silently
     restarted the optimizer); now each case is decided from the checkpoint alone."""
-    paper, _ = parse_recipe(["recipe=qwen3_prefix", "training.keep_effective_batch=false"])  # 32 processes: raised
+    paper, _ = parse_recipe(["recipe=qwen3_prefix", "run.keep_effective_batch=false"])  # 32 processes: raised
     zero3 = deepspeed_checkpoint(tmp_path / "zero3-16", 16, 3)
-    assert check_resume(zero3, Topology(16, "deepspeed", 3), paper.training) == []
+    assert check_resume(zero3, Topology(16, "deepspeed", 3), paper) == []
     with pytest.raises(RecipeValueError, match=r"ZeRO shards of 16 data-parallel ranks; this launch has 32.*relaunch "
                                                r"with 16 processes under DeepSpeed ZeRO-3"):
-        check_resume(zero3, Topology(32, "deepspeed", 3), paper.training)
+        check_resume(zero3, Topology(32, "deepspeed", 3), paper)
     with pytest.raises(RecipeValueError, match=r"written by 16 processes under DeepSpeed ZeRO-3; this launch is 16 "
                                                r"processes without DeepSpeed \(DDP\)"):
-        check_resume(zero3, Topology(16, "torch"), paper.training)
+        check_resume(zero3, Topology(16, "torch"), paper)
     with pytest.raises(RecipeValueError, match="this launch is 16 processes under DeepSpeed ZeRO-2"):
-        check_resume(zero3, Topology(16, "deepspeed", 2), paper.training)
+        check_resume(zero3, Topology(16, "deepspeed", 2), paper)
     ddp = torch_checkpoint(tmp_path / "ddp-8", 8)
     with pytest.raises(RecipeValueError, match="this launch is 8 processes under DeepSpeed ZeRO-3"):
-        check_resume(ddp, Topology(8, "deepspeed", 3), paper.training)
+        check_resume(ddp, Topology(8, "deepspeed", 3), paper)
     # DDP on another world size: the same effective batch and learning rate (16 over 8 or 16) resume ...
-    (note,) = check_resume(ddp, Topology(16, "torch"), paper.training)
+    (note,) = check_resume(ddp, Topology(16, "torch"), paper)
     assert "resuming on 16 processes without DeepSpeed (DDP) with the same effective batch 16" in note
     # ... another (16 over 32 is raised to 32) would skip samples never trained on.
     with pytest.raises(RecipeValueError, match="effective batch 16 and learning rate 2e-05; on 32 processes without "
                                                "DeepSpeed \\(DDP\\) they would be 32"):
-        check_resume(ddp, Topology(32, "torch"), paper.training)
+        check_resume(ddp, Topology(32, "torch"), paper)
 
 
 def test_checkpoints_record_their_topology(tmp_path):
     recipe, _ = parse_recipe(["recipe=qwen3_prefix"])
-    topology, plan = Topology(16, "deepspeed", 3), batch_plan(recipe.training, 16)
+    topology, plan = Topology(16, "deepspeed", 3), batch_plan(recipe, 16)
     (tmp_path / "checkpoint-5").mkdir()
     args, state = SimpleNamespace(output_dir=str(tmp_path)), SimpleNamespace(global_step=5, is_world_process_zero=True)
     CompletenessMarker(topology, plan).on_save(args, state, control=None)
@@ -139,18 +145,18 @@ def test_batch_plan_and_resume_are_checked_before_any_data_work(monkeypatch, tmp
     state = FakeState(num_processes=3)
     monkeypatch.setattr(sft, "PartialState", state)
     with pytest.raises(RecipeValueError, match="cannot be split over 3 processes"):
-        sft.main(["recipe=qwen3_prefix", "training.keep_effective_batch=true", f"data.path={missing}",
+        sft.main(["recipe=qwen3_prefix", "run.keep_effective_batch=true", f"data.path={missing}",
                   f"training.output_dir={tmp_path / 'run'}"])
     assert state.kwargs["timeout"].total_seconds() == 1800  # the group gets the recipe's timeout
 
     recipe, _ = parse_recipe(["recipe=qwen3_prefix", f"data.path={missing}", f"training.output_dir={tmp_path / 'zero'}",
-                              "training.keep_effective_batch=false"])  # 3 processes: a raised batch, then the resume
+                              "run.keep_effective_batch=false"])  # 3 processes: a raised batch, then the resume
     dump_config(recipe, tmp_path / "zero" / "config.yaml")
     deepspeed_checkpoint(tmp_path / "zero" / "checkpoint-2", 2, 3)
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
     with pytest.raises(RecipeValueError, match="DeepSpeed ZeRO-3; this launch is 3 processes without DeepSpeed"):
         sft.main(["recipe=qwen3_prefix", f"data.path={missing}", f"training.output_dir={tmp_path / 'zero'}",
-                  "training.keep_effective_batch=false"])
+                  "run.keep_effective_batch=false"])
 
 
 # --- The merge: float32, on the main process alone -------------------------------------------
@@ -257,7 +263,7 @@ def test_save_final_merges_in_float32_on_the_main_process_alone(tmp_path, small_
 
 def test_training_refuses_answers_written_by_another_model(tmp_path):
     """llama31_prefix and gemma3_prefix trained on Qwen3-8B's answers without a word."""
-    from train.data import check_answer_models
+    from train.provenance import check_answer_models
 
     rows = [dict(r, answer_kind="self", answer_model="Qwen/Qwen3-8B") for r in humaneval_dialogues(2)]
     data = Dataset.from_list(rows)
@@ -283,7 +289,7 @@ def test_training_refuses_answers_written_by_another_model(tmp_path):
 
 
 def test_the_adapter_records_what_the_rows_say_for_dataset(tmp_path):
-    from train.data import KEEP_ROWS, resolve_training_system, trained_system_record, with_system
+    from train.tokenization import KEEP_ROWS, resolve_training_system, trained_system_record, with_system
 
     rows = Dataset.from_list(humaneval_dialogues(3))
     assert resolve_training_system("dataset", None) == KEEP_ROWS
@@ -300,9 +306,9 @@ def test_the_adapter_records_what_the_rows_say_for_dataset(tmp_path):
 
 def test_offline_nodes_keep_wandb_offline_even_with_a_project(monkeypatch, tmp_path):
     """WANDB_PROJECT set on nodes without internet made the run fail at W&B's start."""
-    from train.tracking import configure_trackers
-
     import os
+
+    from train.tracking import configure_trackers
 
     recipe, _ = parse_recipe(["recipe=smollm2_prefix"])
     # configure_trackers writes os.environ: give it a copy, so nothing leaks into later tests.
@@ -319,9 +325,9 @@ def test_offline_nodes_keep_wandb_offline_even_with_a_project(monkeypatch, tmp_p
 
 def test_wandb_run_id_is_kept_in_the_run_directory_and_runs_are_grouped_by_recipe(monkeypatch, tmp_path):
     """A requeued or resumed run continues its W&B run instead of opening a second one."""
-    from train.tracking import WANDB_ID_FILE, configure_trackers
-
     import os
+
+    from train.tracking import WANDB_ID_FILE, configure_trackers
 
     recipe, _ = parse_recipe(["recipe=smollm2_prefix"])
     monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")})
@@ -367,7 +373,7 @@ def test_two_processes_merge_past_the_timeout_record_and_resume_on_another_topol
     data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(16))
     out = tmp_path / "run"
     overrides = tiny_overrides(tiny_qwen3_dir, data, out, max_steps=2, save_steps=2, merge="true", ddp_timeout=30)
-    result = launch(["--multi_gpu", "--num_processes", "2"], overrides, timeout=500, HEADSTART_MERGE_DELAY_S="40")
+    result = launch(["--multi_gpu", "--num_processes", "2"], overrides, timeout=500, **slow_training_env(merge_s=40))
     assert "processes: 2 (MULTI_CPU), gradient accumulation: 1" in result.stdout
     assert "collective timeout: 30 s" in result.stdout
     assert (out / "merged" / "config.json").is_file()

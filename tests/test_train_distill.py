@@ -13,15 +13,15 @@ import torch
 import torch.nn.functional as F
 from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
+from test_train_support import REPO, humaneval_dialogues, launch, launch_env, step_losses, tiny_overrides, write_jsonl
 
 from headstart.models import load_model, load_tokenizer
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, detect_family, render_prompt
+from train.arguments import lora_config, sft_config
 from train.config import RecipeValueError
-from train.data import tokenize_dataset
 from train.distill import IGNORE_INDEX, DistillCollator, DistillTrainer
-from train.sft import lora_config, parse_recipe, sft_config
-
-from test_train_support import REPO, humaneval_dialogues, launch, launch_env, step_losses, tiny_overrides, write_jsonl
+from train.sft import parse_recipe
+from train.tokenization import tokenize_dataset
 
 X = IGNORE_INDEX
 PAD = 0
@@ -117,7 +117,7 @@ def make_trainer(tmp_path, model_dir, rows: list[dict], **distill) -> tuple[Dist
     data = tokenize_dataset(Dataset.from_list(rows), tokenizer, detect_family(tokenizer), "incomplete_request", "distill")
     trainer = DistillTrainer(
         model=str(model_dir), args=sft_config(recipe, "t", tmp_path, 1, False), train_dataset=data,
-        data_collator=DistillCollator(tokenizer.pad_token_id, recipe.training.max_length),
+        data_collator=DistillCollator(tokenizer.pad_token_id, recipe.training["max_length"]),
         processing_class=tokenizer, peft_config=lora_config(recipe),
         divergence=recipe.distill.divergence, top_k=recipe.distill.top_k,
     )
@@ -224,7 +224,8 @@ def test_distill_recipes_mirror_their_prefix_recipes():
         other, _ = parse_recipe([f"recipe={twin}"])
         assert recipe_name == name and recipe.objective == "distill"
         assert (recipe.distill.divergence, recipe.distill.top_k) == ("forward", 0)
-        assert (recipe.model, recipe.data, recipe.lora, recipe.training) == (other.model, other.data, other.lora, other.training)
+        assert (recipe.model, recipe.data, recipe.lora, recipe.run, recipe.training) == \
+            (other.model, other.data, other.lora, other.run, other.training)
 
 
 @pytest.mark.parametrize(
@@ -246,7 +247,8 @@ def test_bad_distill_setting_names_the_key(override, key):
 
 def write_distill_data(path, n_train: int = 32, n_validation: int = 8):
     rows = distill_rows(n_train + n_validation)
-    DatasetDict({"train": Dataset.from_list(rows[:n_train]), "validation": Dataset.from_list(rows[n_train:])}).save_to_disk(str(path))
+    splits = {"train": Dataset.from_list(rows[:n_train]), "validation": Dataset.from_list(rows[n_train:])}
+    DatasetDict(splits).save_to_disk(str(path))
     return path
 
 
@@ -254,7 +256,8 @@ def test_objective_distill_through_sft_resumes_bit_identically_and_merges(tmp_pa
     data = write_distill_data(tmp_path / "data")
     out, resumed = tmp_path / "run", tmp_path / "resumed"
     settings = dict(max_steps=4, save_steps=2, eval_steps=2, max_length=1024)  # every answer kept whole
-    launch(["--num_processes", "1"], ["recipe=smollm2_distill", *tiny_overrides(tiny_qwen3_dir, data, out, merge="true", **settings)])
+    launch(["--num_processes", "1"],
+           ["recipe=smollm2_distill", *tiny_overrides(tiny_qwen3_dir, data, out, merge="true", **settings)])
 
     losses = step_losses(out)
     assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) and v > 0 for v in losses.values())
@@ -263,7 +266,8 @@ def test_objective_distill_through_sft_resumes_bit_identically_and_merges(tmp_pa
     # Resumed from step 2: the same losses and the same adapter, bit for bit.
     shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
     shutil.copy(out / "config.yaml", resumed / "config.yaml")
-    result = launch(["--num_processes", "1"], ["recipe=smollm2_distill", *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
+    result = launch(["--num_processes", "1"],
+                    ["recipe=smollm2_distill", *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
     assert f"resuming from {resumed / 'checkpoint-2'}" in result.stdout
     assert step_losses(resumed) == losses
     final, again = (load_file(d / "adapter" / "adapter_model.safetensors") for d in (out, resumed))

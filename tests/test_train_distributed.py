@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_train_support import humaneval_dialogues, launch, step_losses, tiny_overrides, write_jsonl
 
 from headstart.models import load_model
-from test_train_support import humaneval_dialogues, launch, step_losses, tiny_overrides, write_jsonl
 
 # On CPU, `--multi_gpu` makes DDP over gloo; with a DeepSpeed config it must be left
 # out (it would override DeepSpeed), and train/sft.py names the gloo backend itself.

@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from headstart.config import RECIPES_DIR, RecipeError, config_from_dict, load_config
-from train.config import RecipeValueError, TrainRecipe, validate
+from headstart.config import RecipeError, config_from_dict, load_config
+from headstart.paths import RECIPES_DIR
+from train.batch import batch_plan
+from train.config import RecipeValueError, TrainRecipe
 from train.sft import parse_recipe
+from train.validation import validate
 
 # recipes/<folder>/ -> the schema of the entry point that reads it (module, class).
 SCHEMAS = {
@@ -67,7 +70,7 @@ def test_training_recipes_have_the_papers_adapter(name):
     assert recipe.data.system_message == "incomplete"
     if name != "smollm2_prefix":  # the embedded default is cut down to run on CPU in minutes
         t = recipe.training
-        assert (t.learning_rate, t.effective_batch_size, t.max_length, t.max_steps) == (2e-5, 16, 2048, 1000)
+        assert (t["learning_rate"], recipe.run.effective_batch_size, t["max_length"], t["max_steps"]) == (2e-5, 16, 2048, 1000)
 
 
 def test_default_recipe_is_the_embedded_one():
@@ -75,12 +78,46 @@ def test_default_recipe_is_the_embedded_one():
     assert name == "smollm2_prefix" and recipe.model.name_or_path == "smollm2"
 
 
-def test_key_typo_fails_listing_valid_keys():
+def test_key_typo_fails_naming_the_closest_valid_keys():
     with pytest.raises(RecipeError) as error:
-        load_config(TrainRecipe, ["recipe=smollm2_prefix", "training.learnig_rate=1e-4"])
-    message = str(error.value)
-    assert "learnig_rate" in message
-    assert "learning_rate" in message and "effective_batch_size" in message
+        parse_recipe(["recipe=smollm2_prefix", "training.learnig_rate=1e-4"])
+    assert str(error.value) == ("unknown key training.learnig_rate (not a field of TRL's SFTConfig); "
+                                "closest: learning_rate")
+    with pytest.raises(RecipeError, match=r"unknown key run\.effective_batch.*valid keys: effective_batch_size"):
+        parse_recipe(["run.effective_batch=4"])
+
+
+def test_training_section_is_trls_sft_config():
+    """Any SFTConfig field is given under its own name and reaches SFTConfig as it is; a bad
+    type is refused naming the field; what train/sft.py derives is refused with where it comes from."""
+    from train.arguments import sft_config
+
+    recipe, _ = parse_recipe(["training.logging_first_step=true", "training.optim=adafactor"])
+    args = sft_config(recipe, "smollm2_prefix", Path("/tmp/unused"), world_size=1, evaluate=False, placement=(0, "cpu"))
+    assert args.logging_first_step is True and args.optim == "adafactor"
+    assert (args.max_steps, args.learning_rate, args.lr_scheduler_type) == (20, 2e-4, "cosine")
+    with pytest.raises(RecipeValueError, match=r"^training\.max_steps must be int, got 'many'$"):
+        parse_recipe(["training.max_steps=many"])
+    with pytest.raises(RecipeValueError, match="training.gradient_accumulation_steps is set by train/sft.py from "
+                                               "run.effective_batch_size"):
+        parse_recipe(["training.gradient_accumulation_steps=4"])
+    with pytest.raises(RecipeValueError, match="use training.activation_checkpointing"):
+        parse_recipe(["training.gradient_checkpointing=true"])
+    bad, _ = parse_recipe(["training.lr_scheduler_type=cosin"])  # TRL's own check, in one line
+    with pytest.raises(RecipeValueError, match=r"^training: TRL's SFTConfig refuses it: cosin is not a valid SchedulerType"):
+        sft_config(bad, "smollm2_prefix", Path("/tmp/unused"), world_size=1, evaluate=False, placement=(0, "cpu"))
+
+
+def test_training_help_rows_come_from_sft_configs_metadata():
+    from train.config import TRAINING_DEFAULTS
+    from train.sft_fields import training_help_rows
+
+    rows = {name: (kind, default, text) for name, kind, default, text in training_help_rows()}
+    assert set(rows) == set(TRAINING_DEFAULTS)
+    assert rows["learning_rate"] == ("float", 2e-4, "The initial learning rate for AdamW. headstart: scaled by the "
+                                     "square root when the batch plan raises the effective batch.")
+    assert rows["max_length"] == ("int | null", 512, rows["max_length"][2])  # TRL's own help, no note
+    assert "%%" not in rows["activation_checkpointing"][2]  # argparse's escape undone
 
 
 def test_typo_in_a_recipe_file_fails_listing_valid_keys(tmp_path):
@@ -102,14 +139,12 @@ PAPER = {"effective": 16, "per_device": 2, "lr": 2e-5}
 def test_batch_plan_for_every_world_size_from_1_to_64(effective, per_device):
     """The paper's effective batch 16 at per-device 2 used to stop every world size but 1, 2, 4
     and 8 (slurm/train.sbatch's 2 x 8 = 16 and the README's 4 x 8 = 32 among them)."""
-    from train.config import batch_plan
-
-    recipe, _ = parse_recipe(["recipe=qwen3_prefix", f"training.effective_batch_size={effective}",
+    recipe, _ = parse_recipe(["recipe=qwen3_prefix", f"run.effective_batch_size={effective}",
                               f"training.per_device_train_batch_size={per_device}",
-                              "training.keep_effective_batch=false"])
-    lr = recipe.training.learning_rate
+                              "run.keep_effective_batch=false"])
+    lr = recipe.training["learning_rate"]
     for world in range(1, 65):
-        plan = batch_plan(recipe.training, world)
+        plan = batch_plan(recipe, world)
         assert plan.world_size * plan.per_device * plan.accumulation == plan.effective, world
         assert 1 <= plan.per_device <= per_device and plan.accumulation >= 1
         if effective % world == 0:  # kept: the largest per-device batch that divides it
@@ -124,22 +159,18 @@ def test_batch_plan_for_every_world_size_from_1_to_64(effective, per_device):
 
 
 def test_batch_plan_on_the_cluster_shapes():
-    from train.config import batch_plan
-
-    recipe, _ = parse_recipe(["recipe=qwen3_prefix", "training.keep_effective_batch=false"])
+    recipe, _ = parse_recipe(["recipe=qwen3_prefix", "run.keep_effective_batch=false"])
     shapes = {world: (p.per_device, p.accumulation, p.effective, round(p.learning_rate, 10))
-              for world in (1, 8, 16, 32) for p in [batch_plan(recipe.training, world)]}
+              for world in (1, 8, 16, 32) for p in [batch_plan(recipe, world)]}
     assert shapes == {1: (2, 8, 16, 2e-5), 8: (2, 1, 16, 2e-5), 16: (1, 1, 16, 2e-5),
                       32: (1, 1, 32, round(2e-5 * 2 ** 0.5, 10))}
 
 
 def test_keep_effective_batch_refuses_a_world_size_that_cannot():
-    from train.config import batch_plan
-
-    recipe, _ = parse_recipe(["recipe=qwen3_prefix", "training.keep_effective_batch=true"])
-    assert batch_plan(recipe.training, 16).effective == 16
+    recipe, _ = parse_recipe(["recipe=qwen3_prefix", "run.keep_effective_batch=true"])
+    assert batch_plan(recipe, 16).effective == 16
     with pytest.raises(RecipeValueError, match="cannot be split over 3 processes"):
-        batch_plan(recipe.training, 3)
+        batch_plan(recipe, 3)
 
 
 @pytest.mark.parametrize("name", ["qwen3_prefix", "llama31_prefix", "gemma3_prefix", "qwen3_distill"])

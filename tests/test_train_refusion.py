@@ -9,17 +9,16 @@ import pytest
 import torch
 from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
+from test_train_support import humaneval_dialogues, launch, step_losses, tiny_overrides
 
 import train.refusion as refusion
 from headstart.models import load_model
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, detect_family, render_prompt
 from headstart.refusion import MASK_TOKEN, mask_token_id
 from train.config import RecipeValueError
-from train.data import tokenize_dataset
-from train.refusion import IGNORE_INDEX, RefusionCollator, SlotDraw, draw_slots, lay_out, refusion_loss
+from train.refusion import RefusionCollator, SlotDraw, draw_slots, lay_out, refusion_loss
 from train.sft import parse_recipe
-
-from test_train_support import humaneval_dialogues, launch, step_losses, tiny_overrides
+from train.tokenization import IGNORE_INDEX, tokenize_dataset
 
 X = IGNORE_INDEX
 MASK, PAD = 99, 0
@@ -247,7 +246,8 @@ def test_objective_refusion_through_sft_trains_tokens_resumes_and_saves_loadable
     DatasetDict({"train": Dataset.from_list(rows[:32]), "validation": Dataset.from_list(rows[32:])}).save_to_disk(str(data))
     out, resumed = tmp_path / "run", tmp_path / "resumed"
     settings = dict(max_steps=4, save_steps=2, eval_steps=2)
-    launch(["--num_processes", "1"], ["recipe=smollm2_refusion", *tiny_overrides(tiny_qwen3_dir, data, out, merge="true", **settings)])
+    launch(["--num_processes", "1"],
+           ["recipe=smollm2_refusion", *tiny_overrides(tiny_qwen3_dir, data, out, merge="true", **settings)])
 
     losses = step_losses(out)
     assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) for v in losses.values())
@@ -257,10 +257,12 @@ def test_objective_refusion_through_sft_trains_tokens_resumes_and_saves_loadable
     # Resumed from step 2, the run lays out the same batches: same losses, same adapter.
     shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
     shutil.copy(out / "config.yaml", resumed / "config.yaml")  # a run directory without its recipe is refused
-    result = launch(["--num_processes", "1"], ["recipe=smollm2_refusion", *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
+    result = launch(["--num_processes", "1"],
+                    ["recipe=smollm2_refusion", *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
     assert f"resuming from {resumed / 'checkpoint-2'}" in result.stdout
     assert step_losses(resumed) == losses
-    final, again = load_file(out / "adapter" / "adapter_model.safetensors"), load_file(resumed / "adapter" / "adapter_model.safetensors")
+    final = load_file(out / "adapter" / "adapter_model.safetensors")
+    again = load_file(resumed / "adapter" / "adapter_model.safetensors")
     for key in final:
         torch.testing.assert_close(again[key], final[key], rtol=0, atol=0)
 

@@ -10,9 +10,18 @@ import time
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_train_support import (
+    REPO,
+    humaneval_dialogues,
+    launch,
+    launch_command,
+    launch_env,
+    slow_training_env,
+    step_losses,
+    tiny_overrides,
+    write_jsonl,
+)
 
-from test_train_support import REPO, humaneval_dialogues, launch, launch_command, launch_env, step_losses
-from test_train_support import tiny_overrides, write_jsonl
 from train.checkpoints import COMPLETE_MARKER
 
 LAUNCHER = ["--num_processes", "1"]
@@ -27,7 +36,7 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path, tiny_qwen3_dir):
     # Same command, slowed down so the kill lands between checkpoint 2 and the end.
     command = launch_command(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, killed))
     process = subprocess.Popen(
-        command, cwd=REPO, env=launch_env(HEADSTART_STEP_DELAY_S="2"), start_new_session=True,
+        command, cwd=REPO, env=launch_env(**slow_training_env(step_s=2)), start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 240

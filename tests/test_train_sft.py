@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import torch
 from datasets import Dataset
+from test_train_support import humaneval_dialogues, launch, step_losses, tiny_overrides, write_dataset_dict
 
 from headstart.models import load_model, load_tokenizer
 from headstart.prompts import (
-    INCOMPLETE_REQUEST_SYSTEM, detect_family, read_training_record, render_prompt, resolve_system_message,
+    INCOMPLETE_REQUEST_SYSTEM,
+    detect_family,
+    read_training_record,
+    render_prompt,
+    resolve_system_message,
 )
-from train.data import split_prompt_answer, tokenize_dataset
-from train.sft import lora_config, parse_recipe, sft_config
-
-from test_train_support import humaneval_dialogues, launch, step_losses, tiny_overrides, write_dataset_dict
+from train.arguments import lora_config, sft_config
+from train.sft import parse_recipe
+from train.tokenization import split_prompt_answer, tokenize_dataset
 
 
 def test_labels_cover_only_the_assistant_answer(tmp_path, tiny_qwen3_dir):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict
 
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
+from train.config import RunSection
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,6 +57,19 @@ def launch_env(**extra: str) -> dict[str, str]:
     return env
 
 
+SUPPORT = REPO / "tests" / "support"  # sitecustomize.py: the slow-downs below
+
+
+def slow_training_env(step_s: float = 0, merge_s: float = 0, exit_barrier_s: float = 0) -> dict[str, str]:
+    """Environment that changes a training subprocess's timing from outside train/ (tests/support/
+    sitecustomize.py): `step_s` seconds after every optimizer step (time to kill a run between
+    two checkpoints), `merge_s` seconds before the merge, torchrun's exit barrier `exit_barrier_s`
+    seconds (0: torch's own 300)."""
+    path = os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "HEADSTART_TEST_STEP_DELAY_S": str(step_s), "HEADSTART_TEST_MERGE_DELAY_S": str(merge_s),
+            "HEADSTART_TEST_EXIT_BARRIER_S": str(exit_barrier_s)}
+
+
 def launch_command(launcher: list[str], overrides: list[str]) -> list[str]:
     """`accelerate launch ...`, the command users type (the module form where no script is installed)."""
     script = Path(sys.executable).parent / "accelerate"
@@ -80,10 +95,12 @@ def step_losses(output_dir: Path) -> dict[int, float]:
 
 
 def tiny_overrides(model_dir: Path, data: Path, output_dir: Path, **settings) -> list[str]:
-    """A few fast steps on a tiny model; `settings` override training.* keys."""
+    """A few fast steps on a tiny model; `settings` override keys of the `training:` (TRL) or `run:` section."""
     training = dict(
         max_steps=6, save_steps=2, learning_rate=1e-2, effective_batch_size=4, per_device_train_batch_size=2,
         max_length=256, report_to="[none]", merge="false", output_dir=str(output_dir),
     )
     training.update(settings)
-    return [f"model.name_or_path={model_dir}", f"data.path={data}"] + [f"training.{k}={v}" for k, v in training.items()]
+    run_keys = {f.name for f in dataclasses.fields(RunSection)}
+    return [f"model.name_or_path={model_dir}", f"data.path={data}"] + [
+        f"{'run' if k in run_keys else 'training'}.{k}={v}" for k, v in training.items()]

@@ -9,8 +9,9 @@ import pytest
 
 from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.runner import load_records, run_evaluation
+from eval.runner import run_evaluation
 from eval.typing_sim import UNLIMITED, cpm_typist, parse_typist, read_trace, simulate, typing_summary
+from headstart.files import read_jsonl
 
 PLAIN = DecodeSpec(regenerate="plain")
 
@@ -19,7 +20,7 @@ def evaluate(model_dir, output_dir, **overrides) -> list[dict]:
     decode = DecodeSpec(max_new_tokens=16, regenerate=overrides.pop("regenerate", "lookup"))
     config = EvalConfig(model=str(model_dir), output_dir=str(output_dir), limit=3, decode=decode, **overrides)
     run_evaluation(config)
-    return load_records(output_dir / "results.jsonl")
+    return read_jsonl(output_dir / "results.jsonl")
 
 
 @pytest.mark.parametrize("regenerate", ["lookup", "plain"])
@@ -81,7 +82,8 @@ def test_a_keystroke_trace_replays_its_gaps_cyclically(tmp_path):
     trace.write_text("# seconds\tcharacter\n0.0\ta\n1.0\tb\n\n2.0\tc\n3.0\td\n")
     typist = read_trace(trace)
     assert typist.label == "trace:trace.tsv" and typist.arrivals(["ab", "cd", "ef"]) == [2.0, 4.0, 6.0]
-    assert vars(simulate(hand_record(), typist, "finish", PLAIN)) == vars(simulate(hand_record(), cpm_typist(60), "finish", PLAIN))
+    expected = simulate(hand_record(), cpm_typist(60), "finish", PLAIN)
+    assert vars(simulate(hand_record(), typist, "finish", PLAIN)) == vars(expected)
     uneven = tmp_path / "uneven.txt"
     uneven.write_text("0\n0.5\n2.5\n")  # gaps 0.5, 2: characters at 0.5, 2.5, 3, 5, 5.5, 7.5
     assert read_trace(uneven).arrivals(["ab", "cd", "ef"]) == [2.5, 5.0, 7.5]
@@ -150,5 +152,6 @@ def test_before_after_report_shows_the_typing_simulation_in_markdown_html_and_wa
     runs = sorted((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 2
     for run in runs:  # each side's run holds the typing figures and numbers (offline: in its .wandb log)
-        assert {p.name.split("_1_")[0] for p in (run / "files" / "media" / "images").glob("typing_*.png")} == {"typing_before", "typing_after"}
+        images = (run / "files" / "media" / "images").glob("typing_*.png")
+        assert {p.name.split("_1_")[0] for p in images} == {"typing_before", "typing_after"}
         assert b"humaneval/typing_cpm400_time_to_answer_median" in next(run.glob("run-*.wandb")).read_bytes()

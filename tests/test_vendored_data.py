@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from headstart.benchmark_registry import (BENCHMARK_DATA, DATA, DATA_DIR, EVALUATION_SETS, PROJECT_ROOT,
-                                          resolve_path)
+from headstart.benchmark_registry import DATA, EVALUATION_SETS
+from headstart.paths import CHECKOUT, DATA_DIR, resolve_path
 
 # Spelled in pieces so that this file does not match itself.
 OUTSIDE = re.compile("|".join([re.escape(".." + "/shared"), re.escape("shared" + "/data"),
@@ -27,11 +27,11 @@ def project_files() -> list[Path]:
     """Tracked and untracked-but-not-ignored files (git), else every file outside ignored dirs."""
     try:
         listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                                cwd=PROJECT_ROOT, capture_output=True, check=True).stdout
-        return [PROJECT_ROOT / name for name in listed.decode().split("\0") if name]
+                                cwd=CHECKOUT, capture_output=True, check=True).stdout
+        return [CHECKOUT / name for name in listed.decode().split("\0") if name]
     except (OSError, subprocess.CalledProcessError):  # a copy without .git
         files = []
-        for root, dirs, names in os.walk(PROJECT_ROOT):
+        for root, dirs, names in os.walk(CHECKOUT):
             dirs[:] = [d for d in dirs if d not in IGNORED_DIRS and not d.endswith(".egg-info")]
             files += [Path(root) / name for name in names]
         return files
@@ -46,7 +46,7 @@ def test_no_file_refers_to_data_outside_the_repository():
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             continue  # binary: the gzipped DS-1000, images
-        offending += [f"{path.relative_to(PROJECT_ROOT)}:{number}: {line.strip()}"
+        offending += [f"{path.relative_to(CHECKOUT)}:{number}: {line.strip()}"
                       for number, line in enumerate(text.splitlines(), 1) if OUTSIDE.search(line)]
     assert not offending, "\n".join(offending)
 
@@ -78,23 +78,24 @@ def test_offline_recipes_read_the_vendored_copies():
     assert any(piece.startswith("data/") for piece in pieces)
     for piece in pieces:
         path = resolve_path(piece).resolve()
-        assert path.exists() and path.is_relative_to(PROJECT_ROOT), piece
+        assert path.exists() and path.is_relative_to(CHECKOUT), piece
 
 
 def test_loaders_and_decontamination_read_one_registry():
     from data_builders.config import DecontaminationConfig
     from data_builders.decontamination import KNOWN_BENCHMARKS
     from data_builders.sources import SOURCES
-    from headstart.benchmark_registry import MBPP_TRAIN_IDS
     from eval.benchmarks import BENCHMARKS, canitedit, chat, coedit, ds1000, mbpp
+    from headstart.benchmark_registry import MBPP_TRAIN_IDS
 
-    assert set(BENCHMARK_DATA) == set(BENCHMARKS)
-    assert sorted(n for names in BENCHMARK_DATA.values() for n in names) == sorted(EVALUATION_SETS)
+    assert sorted(n for entry in BENCHMARKS.values() for n in entry.sources) == sorted(EVALUATION_SETS)
+    files = [DATA[n].local for entry in BENCHMARKS.values() for n in entry.sources if DATA[n].local]
+    assert files and all((DATA_DIR / file).is_file() for file in files), files
     assert KNOWN_BENCHMARKS == list(EVALUATION_SETS) == DecontaminationConfig().benchmarks
     used = {"mbpp": mbpp.SOURCE, "canitedit": canitedit.SOURCE, "ds1000": ds1000.SOURCE, "coedit": coedit.SOURCE,
             "chat": chat.ULTRACHAT}
     for name, source in used.items():
-        assert source is DATA[BENCHMARK_DATA[name][0]], name
+        assert source is DATA[BENCHMARKS[name].sources[0]], name
     assert (chat.MT_BENCH, chat.MT_BENCH_REFERENCE) == (DATA["mt_bench"], DATA["mt_bench_reference"])
     assert DATA["mbpp_test"].ids == range(11, 511) and MBPP_TRAIN_IDS == range(601, 975)
     assert (SOURCES["mbpp"].hub_id, SOURCES["mbpp"].hub_config, SOURCES["mbpp"].split) == (
@@ -105,13 +106,13 @@ def test_every_evaluated_request_is_caught_by_the_decontamination_index(data_dir
     """Each benchmark's requests, as its loader gives them, are flagged by the index the
     data builders build from the registry entries of that benchmark: they read the same data."""
     from data_builders.decontamination import build_index
-    from eval.benchmarks import get_benchmark
+    from eval.benchmarks import BENCHMARKS, get_benchmark
 
     files = {"humaneval": None, "mbpp": "mbpp/mbpp.jsonl", "canitedit": "canitedit/canitedit.jsonl",
              "ds1000": "ds1000/ds1000.jsonl.gz", "chat": "mt_bench"}
     for benchmark, local in files.items():
         requests = get_benchmark(benchmark, local and str(data_dir / local)).load()
-        index, skipped = build_index([n for n in BENCHMARK_DATA[benchmark] if n != "ultrachat"], data_dir, [], 13,
+        index, skipped = build_index([n for n in BENCHMARKS[benchmark].sources if n != "ultrachat"], data_dir, [], 13,
                                      on_missing="error", hub=False)
         flags = index.check_batch([r.text for r in requests], [None] * len(requests))
         assert requests and all(flags), (benchmark, [r.request_id for r, f in zip(requests, flags) if not f][:5])

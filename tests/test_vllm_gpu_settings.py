@@ -19,7 +19,7 @@ import pytest
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.runner import StreamingEvaluator
+from eval.evaluator import StreamingEvaluator
 from headstart.vllm_client import (
     GIB,
     VLLMModel,

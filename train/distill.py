@@ -47,8 +47,7 @@ import torch.nn.functional as F
 from trl import SFTTrainer
 
 from train.config import DIVERGENCES
-
-IGNORE_INDEX = -100
+from train.tokenization import IGNORE_INDEX
 
 
 @dataclass

@@ -18,6 +18,7 @@ import sys
 
 from headstart.config import cli_main
 from headstart.models import download_model, is_hub_id
+from headstart.paths import is_default_output
 from train.data import load_split
 from train.sft import parse_recipe
 
@@ -27,7 +28,7 @@ def run(argv: list[str]) -> dict[str, str | None]:
     fetched = {"model": download_model(recipe.model.name_or_path)}
     print(f"{name}: model {recipe.model.name_or_path}: "
           + (f"in the hub cache at {fetched['model']}" if fetched["model"] else "local, nothing to fetch"), flush=True)
-    if is_hub_id(recipe.data.path) and not recipe.data.path.startswith("outputs/"):
+    if is_hub_id(recipe.data.path) and not is_default_output(recipe.data.path):
         for split in filter(None, (recipe.data.train_split, recipe.data.eval_split)):
             load_split(recipe.data.path, split)  # `datasets` caches it under HF_HOME
         fetched["data"] = recipe.data.path

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from headstart.config import run_cli
+from headstart.model_files import is_adapter_dir
 from headstart.models import load_model
 from headstart.prompts import TRAINING_RECORD
 
@@ -60,7 +61,7 @@ def run(args: MergeArgs) -> Path:
         raise ValueError("usage: python -m train.merge adapter=DIR output=DIR [dtype=float32|bfloat16|float16]")
     if args.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {args.dtype!r}")
-    if not (Path(args.adapter).expanduser() / "adapter_config.json").is_file():
+    if not is_adapter_dir(args.adapter):
         raise FileNotFoundError(f"adapter={args.adapter}: not a LoRA adapter directory (no adapter_config.json)")
     output = merge_adapter(args.adapter, args.output, getattr(torch, args.dtype))
     print(output)

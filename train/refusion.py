@@ -49,8 +49,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from trl import SFTTrainer
 
 from headstart.refusion import add_refusion_tokens
-
-IGNORE_INDEX = -100
+from train.tokenization import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

@@ -20,45 +20,51 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Mapping
-from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
 
-# `accelerate launch train/sft.py` puts train/ first on sys.path; import the
-# package from the repository root instead so `train.config` is unambiguous.
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != REPO_ROOT / "train"]
-sys.path.insert(0, str(REPO_ROOT))
+from headstart.paths import use_checkout
 
-import torch  # noqa: E402
+# `accelerate launch train/sft.py` puts train/ first on sys.path; the checkout's root
+# goes there instead, so `train.config` is unambiguous (train is not installed).
+use_checkout()
+
 from accelerate import PartialState  # noqa: E402
 from accelerate.utils import DistributedType  # noqa: E402
 from packaging.version import Version  # noqa: E402
-from peft import LoraConfig  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
-from trl import SFTConfig, SFTTrainer  # noqa: E402
+from trl import SFTTrainer  # noqa: E402
 
 from headstart.config import cli_main, config_to_dict, dump_config, load_config  # noqa: E402
-from headstart.model_files import check_local_source  # noqa: E402
-from headstart.run_dir import check_writable  # noqa: E402
 from headstart.devices import gpu_requests, require_cuda  # noqa: E402
+from headstart.model_files import check_local_source  # noqa: E402
 from headstart.models import download_model, load_tokenizer, resolve_model_dir, weights_fingerprint  # noqa: E402
+from headstart.paths import outputs_dir  # noqa: E402
 from headstart.prompts import Family, detect_family, write_training_record  # noqa: E402
-from headstart.refusion import mask_token_id  # noqa: E402
-from train.checkpoints import (  # noqa: E402
-    CompletenessMarker, StepDelay, StopOnRequest, Topology, check_inputs, check_resume, check_run_dir,
-    last_complete_checkpoint, launch_topology, mark_run, stop_on_request, uses_deepspeed,
+from headstart.run_dir import check_writable  # noqa: E402
+from train.arguments import (  # noqa: E402
+    group_timeout,
+    keep_one_gpu,
+    lora_config,
+    model_init_kwargs,
+    process_device,
+    process_group_kwargs,
+    refusion_collator,
+    sft_config,
 )
-from train.config import BatchPlan, TrainRecipe, batch_plan, validate  # noqa: E402
-from train.data import (  # noqa: E402
-    answer_models, check_answer_models, check_fits, data_fingerprint, load_split, resolve_training_system,
-    tokenize_dataset, trained_system_record,
-)
+from train.batch import BatchPlan, batch_plan  # noqa: E402
+from train.checkpoints import CompletenessMarker, StopOnRequest, last_complete_checkpoint, stop_on_request  # noqa: E402
+from train.config import TrainRecipe  # noqa: E402
+from train.data import data_fingerprint, load_split  # noqa: E402
 from train.distill import DistillCollator, DistillTrainer  # noqa: E402
-from train.refusion import RefusionCollator, RefusionTrainer, add_trainable_tokens  # noqa: E402
+from train.provenance import answer_models, check_answer_models  # noqa: E402
+from train.refusion import RefusionTrainer, add_trainable_tokens  # noqa: E402
+from train.relaunch import check_inputs, check_run_dir, mark_run  # noqa: E402
+from train.tokenization import check_fits, resolve_training_system, tokenize_dataset, trained_system_record  # noqa: E402
+from train.topology import Topology, check_resume, launch_topology  # noqa: E402
 from train.tracking import ResolvedConfigToWandb, configure_trackers, finish_trackers  # noqa: E402
+from train.validation import validate  # noqa: E402
 
 DEFAULT_RECIPE = "smollm2_prefix"
 # TrainingArguments.activation_checkpointing (sft_config) and Trainer.loss_is_scaled_for_ga
@@ -87,7 +93,7 @@ def training_gpu_requests(recipe: TrainRecipe, environ: Mapping[str, str] | None
     environ = os.environ if environ is None else environ
     if environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes", "y", "on", "t"):
         return []
-    return gpu_requests(environ) + (["training.bf16=true"] if recipe.training.bf16 else [])
+    return gpu_requests(environ) + (["training.bf16=true"] if recipe.training.get("bf16") else [])
 
 
 def parse_recipe(argv: list[str]) -> tuple[TrainRecipe, str]:
@@ -98,83 +104,12 @@ def parse_recipe(argv: list[str]) -> tuple[TrainRecipe, str]:
     return validate(load_config(TrainRecipe, argv)), name
 
 
-def process_state_kwargs() -> dict:
-    """How this process joins the others. On GPU accelerate decides; on CPU it
-    must be told: DDP needs `cpu=True` (MULTI_CPU over gloo), while DeepSpeed
-    needs the gloo backend named and `cpu` left off, or each process trains alone."""
-    if torch.cuda.is_available():
-        return {}
-    if uses_deepspeed():
-        return {"backend": "gloo"}
-    return {"cpu": True}
-
-
-def process_group_kwargs(recipe: TrainRecipe) -> dict:
-    """The PartialState arguments: how to join, and how long a collective may wait. The
-    group is created here, before the trainer's arguments exist, so their `ddp_timeout`
-    would never reach it (torch's and DeepSpeed's defaults, 10-30 minutes, would apply)."""
-    return {**process_state_kwargs(), "timeout": timedelta(seconds=recipe.training.ddp_timeout)}
-
-
-def group_timeout() -> float | None:
-    """Seconds the default process group's collectives wait (None: no group)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    group = dist.distributed_c10d._get_default_group()
-    for device in ("cuda", "cpu"):
-        try:
-            return group._get_backend(torch.device(device)).options._timeout.total_seconds()
-        except (RuntimeError, AttributeError, ValueError):
-            continue
-    return None
-
-
 def training_family(tokenizer, recipe: TrainRecipe) -> Family:
     """The chat rendering of the training rows: the tokenizer's, and ReFusion's for a Qwen3
     base trained with `objective: refusion` (its tokens are added only after the data is
     tokenized; the adapter's tokenizer has them, so evaluation renders it as ReFusion)."""
     family = detect_family(tokenizer)
     return "refusion" if recipe.objective == "refusion" and family == "qwen3" else family
-
-
-def use_bf16(recipe: TrainRecipe) -> bool:
-    """bf16 mixed precision on GPU, fp32 on CPU, unless the recipe decides."""
-    return torch.cuda.is_available() if recipe.training.bf16 is None else recipe.training.bf16
-
-
-def model_dtype(recipe: TrainRecipe) -> torch.dtype:
-    if recipe.model.dtype == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    return getattr(torch, recipe.model.dtype)
-
-
-def model_init_kwargs(recipe: TrainRecipe, gpus: int = 0, device: str = "cpu") -> dict:
-    """`from_pretrained` arguments of the trained model, for a process on `device` of a node with
-    `gpus` usable GPUs. With GPUs the whole model goes to this process's device: left unset, TRL
-    gives a single process `device_map="auto"`, which spreads the model over every GPU of the node
-    (one layer range per GPU, each idle while the others compute). Under DDP TRL drops the map
-    (each rank loads on the CPU, then moves to its GPU); the refusion path, which loads the model
-    itself, keeps it. Under DeepSpeed the engine
-    places the model (ZeRO-3 partitions it as it loads, and transformers refuses a device_map
-    there); on CPU there is nothing to place."""
-    placed = gpus > 0 and not uses_deepspeed()
-    return {"dtype": model_dtype(recipe), "attn_implementation": recipe.model.attn_implementation,
-            "device_map": {"": device} if placed else None}
-
-
-def keep_one_gpu(args: SFTConfig, distributed: bool) -> None:
-    """One process on a multi-GPU node trains on the one GPU its model is pinned to
-    (`model_init_kwargs`): left at the node's count, `Trainer` would wrap the model in
-    nn.DataParallel, which TRL refuses once the model has loaded."""
-    if not distributed and args.n_gpu > 1:
-        args._n_gpu = 1
-
-
-def process_device(state: PartialState) -> tuple[int, str]:
-    """The usable GPUs of this node and the device accelerate gives this process."""
-    return (torch.cuda.device_count() if torch.cuda.is_available() else 0), str(state.device)
 
 
 def load_data(recipe: TrainRecipe, tokenizer, state: PartialState, system: str | None):
@@ -193,9 +128,9 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState, system: str |
         record = {**trained_system_record(system, train),
                   "answer_models": sorted(answer_models(train, recipe.data.path) or []) or None}
         train = tokenize_dataset(train, tokenizer, family, system, recipe.objective)
-        check_fits(train, recipe.training.max_length, recipe.data.train_split)
+        check_fits(train, recipe.training["max_length"], recipe.data.train_split)
         evaluation = None
-        if recipe.data.eval_split and recipe.training.eval_steps > 0:
+        if recipe.data.eval_split and (recipe.training["eval_steps"] or 0) > 0:
             evaluation = load_split(recipe.data.path, recipe.data.eval_split)
             if evaluation is not None:
                 if recipe.data.max_eval_samples:
@@ -207,87 +142,10 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState, system: str |
     return train, evaluation, record
 
 
-def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
-               placement: tuple[int, str] | None = None) -> SFTConfig:
-    """TRL arguments from the recipe: per-device batch, accumulation and learning rate from the
-    batch plan of this world size (train.config.batch_plan). For refusion and distill, TRL
-    keeps the tokenized parts as they are (the objective's collator lays them out); refusion
-    also hands TRL the model already loaded (it adds its tokens first). `placement`: the node's
-    GPUs and this process's device (`process_device`; default that of the current process)."""
-    t = recipe.training
-    plan = batch_plan(t, world_size)
-    refusion = recipe.objective == "refusion"
-    own_layout = recipe.objective in ("refusion", "distill")
-    placement = placement or process_device(PartialState())
-    return SFTConfig(
-        output_dir=str(output_dir),
-        run_name=t.run_name or f"{recipe_name}-{Path(recipe.model.name_or_path.rstrip('/')).name}",
-        max_steps=t.max_steps,
-        per_device_train_batch_size=plan.per_device,
-        per_device_eval_batch_size=plan.per_device,
-        gradient_accumulation_steps=plan.accumulation,
-        learning_rate=plan.learning_rate,
-        lr_scheduler_type=t.lr_scheduler_type,
-        warmup_steps=t.warmup_ratio,  # a float below 1 is a share of max_steps
-        weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm,
-        seed=t.seed,
-        data_seed=t.seed,
-        bf16=use_bf16(recipe),
-        activation_checkpointing=t.gradient_checkpointing,
-        max_length=t.max_length,
-        packing=t.packing,
-        packing_strategy="bfd",
-        padding_free=t.padding_free,
-        completion_only_loss=True,  # loss on the answer only (the completion_mask built in train/data.py)
-        logging_steps=t.logging_steps,
-        save_strategy="steps",
-        save_steps=t.save_steps,
-        save_total_limit=t.save_total_limit,
-        eval_strategy="steps" if evaluate else "no",
-        eval_steps=t.eval_steps if evaluate else None,
-        report_to=[r for r in t.report_to if r != "none"] or "none",
-        include_num_input_tokens_seen="all",  # with TRL's num_tokens (real tokens): the padding share
-        dataloader_num_workers=t.dataloader_num_workers,
-        use_cpu=process_state_kwargs().get("cpu", False),
-        ddp_backend=process_state_kwargs().get("backend"),
-        ddp_timeout=t.ddp_timeout,
-        model_init_kwargs=None if refusion else model_init_kwargs(recipe, *placement),
-        remove_unused_columns=not own_layout,
-        dataset_kwargs={"skip_prepare_dataset": True} if own_layout else None,
-    )
-
-
-def lora_config(recipe: TrainRecipe) -> LoraConfig:
-    lora = recipe.lora
-    return LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=lora.target_regex or list(lora.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-
-
-def refusion_collator(recipe: TrainRecipe, tokenizer, process_index: int) -> RefusionCollator:
-    """The slot-layout collator; each process draws its layouts from its own stream (seed + rank)."""
-    return RefusionCollator(
-        mask_token_id=mask_token_id(tokenizer),
-        pad_token_id=tokenizer.pad_token_id,
-        slot_sizes=tuple(recipe.refusion.slot_sizes),
-        eps=recipe.refusion.eps,
-        max_length=recipe.training.max_length,
-        seed=recipe.training.seed + process_index,
-    )
-
-
 def callbacks(recipe: TrainRecipe, recipe_name: str, topology: Topology | None = None,
               plan: BatchPlan | None = None, record: dict | None = None, stop: StopOnRequest | None = None) -> list:
     chosen = [CompletenessMarker(topology, plan, record), ResolvedConfigToWandb(config_to_dict(recipe), recipe_name)]
-    chosen += [stop] if stop is not None else []
-    delay = float(os.environ.get("HEADSTART_STEP_DELAY_S", "0") or 0)
-    return chosen + [StepDelay(delay)] if delay > 0 else chosen
+    return chosen + ([stop] if stop is not None else [])
 
 
 def save_final(trainer: SFTTrainer, tokenizer, output_dir: Path, recipe: TrainRecipe, state: PartialState,
@@ -304,12 +162,11 @@ def save_final(trainer: SFTTrainer, tokenizer, output_dir: Path, recipe: TrainRe
         return
     tokenizer.save_pretrained(adapter_dir)
     write_training_record(adapter_dir, record or {})
-    if recipe.training.merge:
+    if recipe.run.merge:
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
         from train.merge import merge_adapter
 
-        time.sleep(float(os.environ.get("HEADSTART_MERGE_DELAY_S", "0") or 0))  # tests: a merge longer than the timeout
         # Loading the base again must not be partitioned by the ZeRO-3 context of training.
         unset_hf_deepspeed_config()
         merge_adapter(adapter_dir, output_dir / "merged")  # float32: small LoRA deltas survive (train/merge.py)
@@ -327,17 +184,20 @@ def main(argv: list[str]) -> None:
     check_transformers_version(metadata.version("transformers"))
     recipe, recipe_name = parse_recipe(argv)
     require_cuda(training_gpu_requests(recipe))  # never an 8B model on CPU in fp32 without a word
-    output_dir = Path(recipe.training.output_dir or f"outputs/train/{recipe_name}")
+    output_dir = Path(recipe.training["output_dir"] or outputs_dir("train", recipe_name))
     changed = check_run_dir(output_dir, recipe)  # another recipe's run is refused, before anything is written
     check_writable(output_dir, "training.output_dir")  # else a PermissionError once data and model were read
     check_local_source(recipe.model.name_or_path)  # a directory without weights: refused before any download or load
     state = PartialState(**process_group_kwargs(recipe))
 
     # --- Batch plan and resume: checked before any download or data work ---------
-    plan = batch_plan(recipe.training, state.num_processes)
+    plan = batch_plan(recipe, state.num_processes)
     topology = launch_topology(state.num_processes)
-    checkpoint = last_complete_checkpoint(output_dir) if recipe.training.resume else None
-    resume_notes = check_resume(checkpoint, topology, recipe.training) if checkpoint else []
+    checkpoint = last_complete_checkpoint(output_dir) if recipe.run.resume else None
+    resume_notes = check_resume(checkpoint, topology, recipe) if checkpoint else []
+    # TRL's own checks of the `training:` values, before any download (built again below, once
+    # the data says whether there is an evaluation split).
+    sft_config(recipe, recipe_name, output_dir, state.num_processes, False, process_device(state))
     if state.is_main_process:
         for note in plan.notes():
             print(note, flush=True)
@@ -379,7 +239,7 @@ def main(argv: list[str]) -> None:
     elif recipe.objective == "distill":
         # The teacher is this model with its adapter disabled: no second copy is loaded.
         trainer_class = DistillTrainer
-        collator = DistillCollator(pad_token_id=tokenizer.pad_token_id, max_length=recipe.training.max_length)
+        collator = DistillCollator(pad_token_id=tokenizer.pad_token_id, max_length=recipe.training["max_length"])
         objective_kwargs = {"divergence": recipe.distill.divergence, "top_k": recipe.distill.top_k}
     trainer = trainer_class(
         model=model,
@@ -429,7 +289,7 @@ def main(argv: list[str]) -> None:
     save_final(trainer, tokenizer, output_dir, recipe, state, training_record(recipe, recipe_name, plan, data_record))
     if state.is_main_process:
         print(f"adapter: {output_dir / 'adapter'}", flush=True)
-        if recipe.training.merge:
+        if recipe.run.merge:
             print(f"merged: {output_dir / 'merged'}", flush=True)
     finish_trackers()
 

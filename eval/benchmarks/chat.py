@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, streamable
-from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.reporting.metrics import token_f1
-from headstart.benchmark_registry import resolve_path
+from headstart.benchmark_registry import DATA, read_rows, require_fields
+from headstart.paths import resolve_path
 from headstart.segment import segment_request
 
 ULTRACHAT, MT_BENCH, MT_BENCH_REFERENCE = DATA["ultrachat"], DATA["mt_bench"], DATA["mt_bench_reference"]
@@ -82,18 +82,18 @@ class Chat:
         return sources
 
     def _ultrachat(self, path: str | None) -> list[Request]:
-        rows = read_rows(path, ULTRACHAT)
+        rows = read_rows(ULTRACHAT, path)
         require_fields(rows, ULTRACHAT.schema, f"UltraChat {path or ULTRACHAT.hub_id}")
         requests = [dialogue_request(f"ultrachat/{row['prompt_id'][:12]}", row["messages"]) for row in rows]
         return [r for r in requests if r is not None]
 
     def _mt_bench(self, path: str | None) -> list[Request]:
         if path is None:
-            questions, references = read_rows(None, MT_BENCH), read_rows(None, MT_BENCH_REFERENCE)
+            questions, references = read_rows(MT_BENCH, None), read_rows(MT_BENCH_REFERENCE, None)
         else:
             directory = Path(path) if Path(path).is_dir() else Path(path).parent
-            questions = read_rows(directory / MT_BENCH_QUESTIONS, MT_BENCH)
-            references = read_rows(directory / MT_BENCH_REFERENCES, MT_BENCH_REFERENCE)
+            questions = read_rows(MT_BENCH, directory / MT_BENCH_QUESTIONS)
+            references = read_rows(MT_BENCH_REFERENCE, directory / MT_BENCH_REFERENCES)
         require_fields(questions, MT_BENCH.schema, "MT-Bench questions")
         require_fields(references, MT_BENCH_REFERENCE.schema, "MT-Bench reference answers")
         return mt_bench_requests(questions, references)

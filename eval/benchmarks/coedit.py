@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, streamable
-from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import extract_text
 from eval.reporting.metrics import token_f1
+from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_text
 
 SOURCE = DATA["coedit"]
@@ -37,7 +37,7 @@ class CoEdIT:
         self.path = path
 
     def load(self, limit: int | None = None) -> list[Request]:
-        rows = read_rows(self.path, SOURCE)
+        rows = read_rows(SOURCE, self.path)
         require_fields(rows, SOURCE.schema, f"CoEdIT {self.path or SOURCE.hub_id}")
         requests = streamable([self._request(row) for row in rows])
         return requests[:limit] if limit is not None else requests

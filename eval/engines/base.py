@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from eval.engines.clock import Stopwatch
-
-if TYPE_CHECKING:
-    from eval.engines.decode import DecodeSpec
+from eval.engines.decode import DecodeSpec
+from eval.engines.tokens import answer_finished
 
 
 @dataclass
@@ -46,29 +46,6 @@ class StreamResult:
         return sum(step.forwards for step in self.steps[:-1])
 
 
-def common_prefix_length(a: list, b: list) -> int:
-    """Number of leading items two sequences share."""
-    length = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        length += 1
-    return length
-
-
-def through_first_eos(tokens: list[int], eos_token_ids: set[int]) -> list[int]:
-    """`tokens` up to and including the first EOS (all of them when there is none)."""
-    for position, token in enumerate(tokens):
-        if token in eos_token_ids:
-            return tokens[: position + 1]
-    return tokens
-
-
-def answer_finished(answer: list[int], eos_token_ids: set[int], max_new_tokens: int) -> bool:
-    """Decoding stops at the first EOS (kept) or at the token budget."""
-    return bool(answer) and (answer[-1] in eos_token_ids or len(answer) >= max_new_tokens)
-
-
 def new_cache(model: PreTrainedModel) -> DynamicCache:
     """The KV cache of every engine: the layers `model`'s config asks for, except that a
     sliding-window (or chunked) layer keeps every past state, so `crop_cache` can cut it
@@ -91,6 +68,17 @@ def crop_cache(cache: DynamicCache, held: list, length: int) -> None:
     if excess > 0:
         cache.crop(-excess)
     del held[length:]
+
+
+def set_cache_batch(cache: DynamicCache, rows: int) -> None:
+    """Give the cache `rows` identical batch rows (it holds one shared context)."""
+    current = cache.layers[0].keys.shape[0]
+    if rows > current:
+        if current != 1:
+            cache.batch_select_indices(torch.tensor([0]))
+        cache.batch_repeat_interleave(rows)
+    elif rows < current:
+        cache.batch_select_indices(torch.arange(rows))
 
 
 class StreamingEngine:

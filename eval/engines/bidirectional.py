@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedModel
 
-from eval.engines.decode import DecodeSpec
 from eval.engines.base import StreamingEngine, UpdateResult
+from eval.engines.decode import DecodeSpec
 
 
 def full_attention_mask(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

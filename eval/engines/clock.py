@@ -21,7 +21,7 @@ import time
 
 import torch
 
-TIMING_MODES = ("sync", "events")
+from eval.engines.decode import TIMING_MODES
 
 
 def timing_method(device: torch.device, mode: str) -> str:

@@ -11,13 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eval.engines.acceptance import AcceptanceRule
-from eval.engines.clock import TIMING_MODES
 from eval.engines.lookup import OCCURRENCES, LookupPolicy
 
 AR_ENGINES = ("auto", "fast", "stepwise")  # the same numbers; auto = fast
 DIFFUSION_ENGINES = ("refusion", "bidirectional")
 ENGINES = AR_ENGINES + DIFFUSION_ENGINES
 REGENERATE_MODES = ("plain", "lookup")
+# How a timed phase is clocked on CUDA (eval.engines.clock); here, torch-free, for the config.
+TIMING_MODES = ("sync", "events")
 # Settings that change the numbers, beyond acceptance, max_new_tokens and regenerate.
 LOOKUP_KEYS = ("lookup_ngram", "lookup_min_ngram", "lookup_block", "lookup_occurrence")
 DIFFUSION_KEYS = {
@@ -31,23 +32,70 @@ class DecodeSpec:
     """Decoder, acceptance rule, answer length and regeneration mode of an evaluation,
     and the clock of its timed phases."""
 
-    engine: str = field(default="auto", metadata={"help": "AR: 'stepwise', or 'fast'/'auto' (drafting batched across requests; same numbers); 'refusion' (slot plan-and-infill) or 'bidirectional' (full-attention control)."})
+    engine: str = field(
+        default="auto",
+        metadata={"help": "AR: 'stepwise', or 'fast'/'auto' (drafting batched across requests; same numbers); 'refusion' (slot "
+                          "plan-and-infill) or 'bidirectional' (full-attention control)."},
+    )
     acceptance: str = field(default="greedy", metadata={"help": "Acceptance rule: 'greedy' (lossless) or 'threshold:TAU'."})
     max_new_tokens: int = field(default=256, metadata={"help": "Answer length cap, the same for baselines and stream."})
-    regenerate: str = field(default="lookup", metadata={"help": "After the accepted prefix: 'lookup' (blocks proposed by n-gram lookup in the held draft, earlier drafts and the request, verified in one forward; lossless) or 'plain' (one token per forward, the paper's procedure). AR engines only."})
-    lookup_ngram: int = field(default=3, metadata={"help": "lookup: longest n-gram matched (the answer's last n tokens), tried down to 1."})
-    lookup_min_ngram: int = field(default=1, metadata={"help": "lookup: shortest n-gram that may propose (a 1-gram match is often wrong, and a wide forward costs more than a step on a CPU)."})
-    lookup_block: int = field(default=8, metadata={"help": "lookup: most tokens proposed per forward (8: the fastest median wall clock on this CPU, benchmarks/bench_lookup_policy.py)."})
-    lookup_occurrence: str = field(default="first", metadata={"help": "lookup: which occurrence of the n-gram in a source proposes ('first' or 'last')."})
+    regenerate: str = field(
+        default="lookup",
+        metadata={"help": "After the accepted prefix: 'lookup' (blocks proposed by n-gram lookup in the held draft, earlier "
+                          "drafts and the request, verified in one forward; lossless) or 'plain' (one token per forward, the "
+                          "paper's procedure). AR engines only."},
+    )
+    lookup_ngram: int = field(
+        default=3,
+        metadata={"help": "lookup: longest n-gram matched (the answer's last n tokens), tried down to 1."},
+    )
+    lookup_min_ngram: int = field(
+        default=1,
+        metadata={"help": "lookup: shortest n-gram that may propose (a 1-gram match is often wrong, and a wide forward costs "
+                          "more than a step on a CPU)."},
+    )
+    lookup_block: int = field(
+        default=8,
+        metadata={"help": "lookup: most tokens proposed per forward (8: the fastest median wall clock on this CPU, "
+                          "benchmarks/bench_lookup_policy.py)."},
+    )
+    lookup_occurrence: str = field(
+        default="first",
+        metadata={"help": "lookup: which occurrence of the n-gram in a source proposes ('first' or 'last')."},
+    )
     # ReFusion's slot size and thresholds default to its generate(), the 4 serial
     # blocks to its HumanEval evaluation (which also uses slot_size 32, token_threshold 0.4).
-    slot_size: int = field(default=8, metadata={"help": "refusion: tokens per slot; the answer buffer is max_new_tokens rounded up to whole slots."})
-    serial_blocks: int = field(default=4, metadata={"help": "refusion: the answer buffer is split into this many blocks, decoded in turn."})
-    slot_threshold: float = field(default=0.9, metadata={"help": "refusion: slots whose first-token probability exceeds this are drafted together (else the most confident one)."})
-    token_threshold: float = field(default=0.9, metadata={"help": "refusion: a drafted slot token is kept when its causal probability exceeds this."})
-    draft_in_context: bool = field(default=False, metadata={"help": "refusion: the held draft also precedes the answer as context (models trained on draft-refinement rows)."})
-    diffusion_steps: int = field(default=64, metadata={"help": "bidirectional: denoising steps (forwards) for a full answer buffer; a residue takes its share."})
-    timing: str = field(default="sync", metadata={"help": "Wall clock of a timed phase on CUDA (eval.engines.clock): 'sync' (synchronize, then the host clock) or 'events' (CUDA events on the stream); the host clock off CUDA."})
+    slot_size: int = field(
+        default=8,
+        metadata={"help": "refusion: tokens per slot; the answer buffer is max_new_tokens rounded up to whole slots."},
+    )
+    serial_blocks: int = field(
+        default=4,
+        metadata={"help": "refusion: the answer buffer is split into this many blocks, decoded in turn."},
+    )
+    slot_threshold: float = field(
+        default=0.9,
+        metadata={"help": "refusion: slots whose first-token probability exceeds this are drafted together (else the most "
+                          "confident one)."},
+    )
+    token_threshold: float = field(
+        default=0.9,
+        metadata={"help": "refusion: a drafted slot token is kept when its causal probability exceeds this."},
+    )
+    draft_in_context: bool = field(
+        default=False,
+        metadata={"help": "refusion: the held draft also precedes the answer as context (models trained on draft-refinement "
+                          "rows)."},
+    )
+    diffusion_steps: int = field(
+        default=64,
+        metadata={"help": "bidirectional: denoising steps (forwards) for a full answer buffer; a residue takes its share."},
+    )
+    timing: str = field(
+        default="sync",
+        metadata={"help": "Wall clock of a timed phase on CUDA (eval.engines.clock): 'sync' (synchronize, then the host clock) "
+                          "or 'events' (CUDA events on the stream); the host clock off CUDA."},
+    )
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -93,3 +141,8 @@ class DecodeSpec:
         if self.regenerate == "lookup":
             keys += LOOKUP_KEYS
         return keys + DIFFUSION_KEYS.get(self.engine, ())
+
+
+def decode_label(decode: DecodeSpec) -> str:
+    """A short name of the decode settings for titles: acceptance rule and regeneration."""
+    return f"{decode.acceptance}, regenerate={decode.regenerate}"

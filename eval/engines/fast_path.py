@@ -23,9 +23,10 @@ from transformers import PreTrainedModel
 
 from eval.engines.acceptance import AcceptanceRule
 from eval.engines.ar import AREngine
-from eval.engines.base import UpdateResult, answer_finished, common_prefix_length, new_cache
+from eval.engines.base import UpdateResult, new_cache
 from eval.engines.decode import DecodeSpec
-from eval.engines.lookup import update_forwards, update_proposer
+from eval.engines.lookup import update_cost
+from eval.engines.tokens import answer_finished, common_prefix_length
 
 
 @torch.inference_mode()
@@ -126,18 +127,6 @@ class Drafting:
 
     drafts: list[list[int]]
     forwards: int
-
-
-def update_cost(
-    held: list[int], answer: list[int], accepted: int, earlier: list[list[int]], prompt_ids: list[int],
-    decode: DecodeSpec, eos_token_ids: set[int],
-) -> int:
-    """Forwards of the update that held `held` (earlier drafts `earlier`, newest first),
-    kept `accepted` tokens of it and ended with `answer`, computed from the tokens:
-    what `AREngine.update` executes (tests/test_ar_engine.py checks it on every request)."""
-    proposer = update_proposer(decode.lookup, held[accepted:], earlier, prompt_ids, eos_token_ids)
-    finished = answer_finished(held, eos_token_ids, decode.max_new_tokens)
-    return update_forwards(held, answer, accepted, proposer, finished, decode.max_new_tokens)
 
 
 def greedy_drafting(

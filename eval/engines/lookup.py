@@ -17,8 +17,12 @@ The same code computes the forwards of an update from token sequences alone
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from eval.engines.base import common_prefix_length, through_first_eos
+from eval.engines.tokens import answer_finished, common_prefix_length, through_first_eos
+
+if TYPE_CHECKING:  # decode.py imports this module
+    from eval.engines.decode import DecodeSpec
 
 OCCURRENCES = ("first", "last")
 
@@ -108,3 +112,15 @@ def update_forwards(
     if accepted == len(held) and finished:
         return 1
     return 1 + regeneration_forwards(answer, accepted, proposer, max_new_tokens)
+
+
+def update_cost(
+    held: list[int], answer: list[int], accepted: int, earlier: list[list[int]], prompt_ids: list[int],
+    decode: DecodeSpec, eos_token_ids: set[int],
+) -> int:
+    """Forwards of the update that held `held` (earlier drafts `earlier`, newest first),
+    kept `accepted` tokens of it and ended with `answer`, computed from the tokens:
+    what `AREngine.update` executes (tests/test_ar_engine.py checks it on every request)."""
+    proposer = update_proposer(decode.lookup, held[accepted:], earlier, prompt_ids, eos_token_ids)
+    finished = answer_finished(held, eos_token_ids, decode.max_new_tokens)
+    return update_forwards(held, answer, accepted, proposer, finished, decode.max_new_tokens)

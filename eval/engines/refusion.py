@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from eval.engines.base import StreamingEngine, UpdateResult, crop_cache, new_cache, set_cache_batch
 from eval.engines.decode import DecodeSpec
-from eval.engines.base import StreamingEngine, UpdateResult, common_prefix_length, crop_cache, new_cache
+from eval.engines.tokens import common_prefix_length, leading_run
 
 # A fed token and its true position id: the KV cache holds a sequence of these.
 Pair = tuple[int, int]
@@ -186,7 +187,7 @@ class RefusionEngine(StreamingEngine):
         passes = self._verify_chosen(state, drafts, chosen, phase)
         tokens = [t for slot in drafts for t in slot]
         positions = [p for start in chosen for p in self._slot_positions(start)]
-        run_length = _leading_run(passes)
+        run_length = leading_run(passes)
         eos_at = next((j for j in range(run_length) if tokens[j] in self.eos_token_ids), None)
         if eos_at is not None or run_length >= size:
             # Commit with the KV the verify pass just produced; the other chosen slots stay undecided.
@@ -195,7 +196,7 @@ class RefusionEngine(StreamingEngine):
             run.commit(tokens[:keep], positions[:keep], cached=True, eos=self.eos_token_ids)
             return chosen[: math.ceil(keep / size)]
         self.crop(state, context_length)
-        accepted = [_leading_run(passes[i * size : (i + 1) * size]) for i in range(len(chosen))]  # each >= 1
+        accepted = [leading_run(passes[i * size : (i + 1) * size]) for i in range(len(chosen))]  # each >= 1
         rows = self._infill(state, drafts, chosen, accepted, phase)
         for row, start in zip(rows, chosen):
             # Their KV from the infill rows did not see the other rows: fed again, as pending.
@@ -249,7 +250,7 @@ class RefusionEngine(StreamingEngine):
             live = [i for i in range(len(rows)) if accepted[i] < size]
             if not live:
                 break
-            _set_batch(cache, len(live))
+            set_cache_batch(cache, len(live))
             masked = torch.tensor([rows[i][: accepted[i]] + [self.mask_token_id] * (size - accepted[i]) for i in live])
             predicted = self.run(cache, masked, positions[live], phase, keep=size).argmax(dim=-1)
             cache.crop(-size)
@@ -260,9 +261,9 @@ class RefusionEngine(StreamingEngine):
             cache.crop(-size)
             for row, i in enumerate(live):
                 # The first unaccepted token always passes, so every round makes progress.
-                accepted[i] += 1 + _leading_run(passes[row, accepted[i] + 1 :].tolist())
+                accepted[i] += 1 + leading_run(passes[row, accepted[i] + 1 :].tolist())
             rows, accepted = self._cut_at_eos(rows, accepted)
-        _set_batch(cache, 1)
+        set_cache_batch(cache, 1)
         assert cache.get_seq_length() == context_length
         return rows
 
@@ -288,23 +289,3 @@ class RefusionEngine(StreamingEngine):
 
 def _pairs(token_ids: list[int], first_position: int) -> list[Pair]:
     return list(zip(token_ids, range(first_position, first_position + len(token_ids))))
-
-
-def _leading_run(passes: list[bool]) -> int:
-    run = 0
-    for passed in passes:
-        if not passed:
-            break
-        run += 1
-    return run
-
-
-def _set_batch(cache: DynamicCache, rows: int) -> None:
-    """Give the cache `rows` identical batch rows (it holds the shared context)."""
-    current = cache.layers[0].keys.shape[0]
-    if rows > current:
-        if current != 1:
-            cache.batch_select_indices(torch.tensor([0]))
-        cache.batch_repeat_interleave(rows)
-    elif rows < current:
-        cache.batch_select_indices(torch.arange(rows))

@@ -10,7 +10,8 @@ with the functions the transformers path uses, so both backends count alike.
 from __future__ import annotations
 
 from eval.engines.acceptance import AcceptanceRule
-from headstart.vllm_client import VLLMEngines, VLLMSettings, vllm_dtype, vllm_model
+from headstart.vllm_client import VLLMEngines, vllm_dtype, vllm_model
+from headstart.vllm_settings import VLLMSettings
 
 
 class VLLMDrafter:
@@ -22,7 +23,7 @@ class VLLMDrafter:
 
     @classmethod
     def start(cls, model: str, adapter: str | None, settings: VLLMSettings, dtype: str | None, device: str,
-              eos_token_ids: set[int], needed_model_len: int | None = None) -> "VLLMDrafter":
+              eos_token_ids: set[int], needed_model_len: int | None = None) -> VLLMDrafter:
         """Engines on `model` (with `adapter` through vLLM's LoRA), in the dtype transformers uses on `device`,
         with cache for `needed_model_len` tokens (headstart.vllm_client.needed_model_len; None: the model's)."""
         engines = VLLMEngines(vllm_model(model, adapter), settings, vllm_dtype(dtype, device), device, needed_model_len)

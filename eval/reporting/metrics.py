@@ -39,6 +39,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         speedup_wall_median=statistics.median(speedup_wall),
         acceptance_none=_mean(r["accepted_tokens"] == 0 for r in valid),
         acceptance_all=_mean(r["accepted_tokens"] == r["draft_tokens"] > 0 for r in valid),
+        # Counted, not 1 - none - all: that difference of floats printed as "-0%".
+        acceptance_partial=_mean(0 < r["accepted_tokens"] != r["draft_tokens"] for r in valid),
         draft_kept_mean=_mean(kept) if kept else 0.0,
         single_forward_share=_mean(r["residual_forwards"] == 1 for r in valid),
         # The least a residual can cost with the request's decoder (1 forward for the
@@ -47,7 +49,6 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         total_cost_mean=_mean((r["drafting_forwards"] + r["residual_forwards"]) / r["baseline_forwards"] for r in valid),
         identical_to_baseline=_mean(r["identical"] for r in valid),
     )
-    summary["acceptance_partial"] = 1.0 - summary["acceptance_none"] - summary["acceptance_all"]
     if all("lookup_baseline_forwards" in r for r in valid):
         summary |= _against_lookup_baseline(valid)
     for name, values in (("forwards", speedup_forwards), ("wall", speedup_wall)):

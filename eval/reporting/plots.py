@@ -28,14 +28,15 @@ def speedup_histogram(records: dict[str, list[dict[str, Any]]], title: str, path
     figure, axes = plt.subplots(figsize=(6, 3.5))
     for side, color in side_colors(speedups):
         if speedups[side]:
-            axes.hist(speedups[side], bins=bins, alpha=0.6, color=color, label=f"{side} (median {np.median(speedups[side]):.2f}x)")
+            axes.hist(speedups[side], bins=bins, alpha=0.6, color=color,
+                      label=f"{side} (median {np.median(speedups[side]):.2f}x)")
     axes.set_xscale("log")
     axes.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
     axes.set_xlabel("residual speedup (baseline forwards / residual forwards)")
     axes.set_ylabel("requests")
     axes.set_title(title)
     axes.legend()
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def acceptance_bars(summaries: dict[str, dict[str, dict[str, Any]]], path: Path) -> Path:
@@ -58,44 +59,11 @@ def acceptance_bars(summaries: dict[str, dict[str, dict[str, Any]]], path: Path)
     axes.set_ylim(0, 1)
     axes.set_title("Final-draft acceptance")
     axes.legend(loc="upper right", fontsize="small")
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
-def learning_curve(curves: dict[str, list[dict[str, float]]], title: str, path: Path) -> Path:
-    """Median residual forwards and draft kept against training steps, one line per side;
-    each point is {"step", "forwards_stream_median", "draft_kept_mean"} (step 0: the base)."""
-    figure, (forwards, kept) = plt.subplots(1, 2, figsize=(9, 3.5))
-    for (side, color), points in zip(side_colors(["base", *curves]), [[], *curves.values()]):
-        if points:
-            steps = [p["step"] for p in points]
-            forwards.plot(steps, [p["forwards_stream_median"] for p in points], "o-", color=color, label=side)
-            kept.plot(steps, [p["draft_kept_mean"] for p in points], "o-", color=color, label=side)
-    forwards.set_ylabel("median residual forwards")
-    kept.set_ylabel("draft tokens kept (mean share)")
-    for axes in (forwards, kept):
-        axes.set_xlabel("optimizer steps")
-        axes.legend(fontsize="small")
-    figure.suptitle(title)
-    return _save(figure, path)
-
-
-def residual_forwards_boxes(records: dict[str, dict[str, list[dict[str, Any]]]], path: Path) -> Path:
-    """The distribution of residual forwards per benchmark and side (box plots, log scale)."""
-    benchmarks = list(records)
-    figure, panels = plt.subplots(1, len(benchmarks), figsize=(4.5 * len(benchmarks), 3.5), squeeze=False)
-    for axes, benchmark in zip(panels[0], benchmarks):
-        sides = list(records[benchmark])
-        values = [[r["residual_forwards"] for r in records[benchmark][side]] for side in sides]
-        boxes = axes.boxplot(values, tick_labels=sides, patch_artist=True)
-        for box, (_, color) in zip(boxes["boxes"], side_colors(sides)):
-            box.set_facecolor(color)
-        axes.set_yscale("log")
-        axes.set_title(benchmark)
-        axes.set_ylabel("residual forwards")
-    return _save(figure, path)
-
-
-def _save(figure, path: Path) -> Path:
+def save_figure(figure, path: Path) -> Path:
+    """Write `figure` as a PNG at `path` (its folder made) and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -126,4 +94,4 @@ def typing_curve(typing: dict[str, dict[str, Any]], path: Path) -> Path:
     axes.set_ylim(bottom=0)
     axes.set_title(f"Time to answer while typing (policy {next(iter(typing.values()))['policy']})")
     axes.legend(fontsize="x-small")
-    return _save(figure, path)
+    return save_figure(figure, path)

@@ -1,4 +1,4 @@
-"""`python -m eval.live_screenshot`: type a benchmark request into the live page, press Enter,
+"""`python benchmarks/live_screenshot.py`: type a benchmark request into the live page, press Enter,
 and save what the page shows (the README's picture).
 
 The live page runs in this process on a background thread (as `python -m eval.live` serves
@@ -19,11 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eval.benchmarks import get_benchmark
-from eval.engines.decode import DecodeSpec
-from eval.live import LiveConfig, LiveModel, build_app
-from headstart.config import run_cli
-from headstart.models import load_model
+from headstart.paths import use_checkout
+
+use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
+
+from eval.benchmarks import get_benchmark  # noqa: E402
+from eval.engines.decode import DecodeSpec  # noqa: E402
+from eval.live import LiveConfig, LiveModel, build_app  # noqa: E402
+from headstart.config import run_cli  # noqa: E402
+from headstart.models import load_model  # noqa: E402
 
 
 @dataclass

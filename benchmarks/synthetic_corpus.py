@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 _CATEGORIES = ["harassment", "hate", "self-harm", "sexual", "violence"]
 _TOPICS = ["a binary heap", "the French revolution", "photosynthesis", "a REST client", "compound interest",
@@ -75,7 +75,8 @@ def evol_codealpaca_rows(count: int, seed: int = 0) -> Iterator[dict]:
             f"```python\ndef {name}_{index}(items):\n    pass\n```\n"
             f"Explain the time complexity in one sentence."
         )
-        output = f"```python\ndef {name}_{index}(items: list) -> list:\n    \"\"\"Process items.\"\"\"\n    return list(items)\n```\n"
+        output = (f"```python\ndef {name}_{index}(items: list) -> list:\n"
+                  "    \"\"\"Process items.\"\"\"\n    return list(items)\n```\n")
         if rng.random() < 0.5:
             output += "This runs in linear time."
         yield {"instruction": instruction, "output": output}

@@ -1,0 +1,37 @@
+"""Token-list helpers every engine, the lookup and the typing simulation share
+(no model, no engine: the engines, `decode` and `lookup` all import this module)."""
+
+from __future__ import annotations
+
+
+def common_prefix_length(a: list, b: list) -> int:
+    """Number of leading items two sequences share."""
+    length = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
+def through_first_eos(tokens: list[int], eos_token_ids: set[int]) -> list[int]:
+    """`tokens` up to and including the first EOS (all of them when there is none)."""
+    for position, token in enumerate(tokens):
+        if token in eos_token_ids:
+            return tokens[: position + 1]
+    return tokens
+
+
+def answer_finished(answer: list[int], eos_token_ids: set[int], max_new_tokens: int) -> bool:
+    """Decoding stops at the first EOS (kept) or at the token budget."""
+    return bool(answer) and (answer[-1] in eos_token_ids or len(answer) >= max_new_tokens)
+
+
+def leading_run(passes: list[bool]) -> int:
+    """Number of leading True values (the tokens of a draft judged in a row)."""
+    run = 0
+    for passed in passes:
+        if not passed:
+            break
+        run += 1
+    return run

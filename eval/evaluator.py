@@ -1,0 +1,177 @@
+"""The streaming evaluator: one request streamed through the configured engine
+(S_1..S_n), its baselines decoded from scratch, and the record of both."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eval.benchmarks import Request
+from eval.config import EvalConfig
+from eval.engines.ar import AREngine
+from eval.engines.base import StreamingEngine, UpdateResult
+from eval.engines.bidirectional import BidirectionalEngine
+from eval.engines.decode import AR_ENGINES, DecodeSpec
+from eval.engines.fast_path import Drafter, Drafting, TransformersDrafter, final_update, greedy_drafting, round_drafts
+from eval.engines.refusion import RefusionEngine
+from headstart.models import LoadedModel
+from headstart.prompts import build_messages, encode_prompt, resolve_system_message
+from headstart.refusion import mask_token_id
+from headstart.segment import prefixes
+from headstart.vllm_client import needed_model_len
+
+
+class StreamingEvaluator:
+    """Evaluates requests one at a time with the configured engine, baseline included."""
+
+    def __init__(self, loaded: LoadedModel, config: EvalConfig, requests: list[Request] | None = None) -> None:
+        """`requests`: what it will evaluate, for the drafting cache vLLM reserves (None: the model's context)."""
+        self.loaded = loaded
+        self.config = config
+        self.decode = config.decode
+        # The fast path batches AR drafting across requests: AR decoding only.
+        self.fast = self.decode.fast
+        self.engine = build_engine(loaded, self.decode)
+        self.system = resolve_system_message(config.system_prompt, config.adapter or config.model)
+        eos = self.engine.eos_token_ids
+        self.drafter = build_drafter(loaded, config, eos, self.needed_model_len(requests)) if self.fast else None
+
+    def close(self) -> None:
+        """Stop the drafting engines (vLLM's processes); the transformers model stays loaded."""
+        if self.drafter:
+            self.drafter.close()
+
+    def prompts(self, request: Request) -> list[list[int]]:
+        """Token ids of the templated prompt after each segment S_1..S_n."""
+        tokenizer, family = self.loaded.tokenizer, self.loaded.family
+        return [
+            encode_prompt(tokenizer, build_messages(known, request.history, self.system), family)
+            for known in prefixes(request.segments)
+        ]
+
+    def needed_model_len(self, requests: list[Request] | None) -> int | None:
+        """The longest prompt + answer vLLM drafting is sent, over every prefix (BPE can spend more
+        tokens on a prefix than on the whole request); None without requests, or when drafting is
+        not on vLLM."""
+        if not requests or self.config.backend != "vllm":
+            return None
+        longest = max(len(prompt) for request in requests for prompt in self.prompts(request))
+        return needed_model_len(longest, self.decode.max_new_tokens)
+
+    def warm_up(self, request: Request) -> None:
+        """One untimed decode so that wall clock is measured on a warm model."""
+        state = self.engine.new_state()
+        self.engine.forward(state, self.prompts(request)[-1], phase=None)
+
+    def evaluate(self, request: Request) -> dict[str, Any]:
+        """Stream one request and decode its baseline; the record of both."""
+        return self.evaluate_many([request])[0]
+
+    def evaluate_many(self, requests: list[Request]) -> list[dict[str, Any]]:
+        """Records of several requests; the fast path decodes all their drafts in one batch."""
+        if not self.fast:
+            return [self._evaluate_stepwise(request) for request in requests]
+        prompts = [self.prompts(request) for request in requests]
+        records = []
+        for request, request_prompts, drafting in zip(requests, prompts, self.drafts(prompts)):
+            final = final_update(self.engine, request_prompts, drafting)
+            records.append(self._record(request, *self._baselines(request_prompts[-1]), final, drafting))
+        return records
+
+    def drafts(self, prompts: list[list[list[int]]]) -> list[Drafting]:
+        """Each request's drafts D_1..D_{n-1} and their forwards, batched across requests."""
+        decode, eos = self.decode, self.engine.eos_token_ids
+        if not decode.rule.lossless:
+            return round_drafts(self.drafter, [p[:-1] for p in prompts], decode, eos)
+        drafts = self.drafter.greedy([p for request in prompts for p in request[:-1]], decode.max_new_tokens)
+        results = []
+        for request_prompts in prompts:
+            request_drafts, drafts = drafts[: len(request_prompts) - 1], drafts[len(request_prompts) - 1 :]
+            results.append(greedy_drafting(request_drafts, request_prompts, decode, eos))
+        return results
+
+    def _evaluate_stepwise(self, request: Request) -> dict[str, Any]:
+        prompts = self.prompts(request)
+        stream = self.engine.stream(prompts)
+        drafting = Drafting([step.answer for step in stream.steps[:-1]], stream.drafting_forwards)
+        return self._record(request, *self._baselines(prompts[-1]), stream.final, drafting)
+
+    def request_groups(self, requests: list[Request]) -> list[list[Request]]:
+        """Consecutive requests whose drafts fit one fast-path batch (one each when stepwise)."""
+        if not self.fast:
+            return [[request] for request in requests]
+        # Greedy decodes every prefix of a group in one batch; other rules one per request per round.
+        def width(request: Request) -> int:
+            return len(request.segments) - 1 if self.decode.rule.lossless else 1
+
+        groups: list[list[Request]] = [[]]
+        for request in requests:
+            if groups[-1] and sum(map(width, groups[-1])) + width(request) > self.config.fast_batch_size:
+                groups.append([])
+            groups[-1].append(request)
+        return [group for group in groups if group]
+
+    def _baselines(self, prompt_ids: list[int]) -> tuple[UpdateResult, UpdateResult | None]:
+        """S_n decoded from scratch: plain greedy, and the lookup decoder with the
+        request as its only source (when regenerating by lookup)."""
+        lookup = self.engine.lookup_baseline(prompt_ids) if self.decode.lookup else None
+        return self.engine.baseline(prompt_ids), lookup
+
+    def _record(self, request: Request, baseline: UpdateResult, lookup: UpdateResult | None,
+                final: UpdateResult, drafting: Drafting) -> dict[str, Any]:
+        decode = self.loaded.tokenizer.decode
+        base_answer = decode(baseline.answer, skip_special_tokens=True)
+        stream_answer = decode(final.answer, skip_special_tokens=True)
+        record = {
+            "request_id": request.request_id,
+            "segments": request.segments,
+            "n_segments": len(request.segments),
+            "base_answer": base_answer,
+            "stream_answer": stream_answer,
+            "base_tokens": len(baseline.answer),
+            "stream_tokens": len(final.answer),
+            "draft_tokens": final.draft_length,
+            "accepted_tokens": final.accepted,
+            "identical": baseline.answer == final.answer,
+            "baseline_forwards": baseline.forwards,
+            "residual_forwards": final.forwards,
+            "drafting_forwards": drafting.forwards,
+            "baseline_seconds": baseline.seconds,
+            "residual_seconds": final.seconds,
+            "min_residual_forwards": self.engine.min_residual_forwards,
+            "engine": "fast" if self.fast else ("stepwise" if self.decode.engine in AR_ENGINES else self.decode.engine),
+            "drafting_backend": self.config.backend if self.fast else "transformers",
+        }
+        if self.config.typing:  # what eval.typing_sim re-derives drafts and costs from
+            record |= {"prompt_token_ids": self.prompts(request), "eos_token_ids": sorted(self.engine.eos_token_ids)}
+        if self.config.record_tokens or self.config.typing:
+            record |= {"draft_token_ids": drafting.drafts, "base_token_ids": baseline.answer,
+                       "stream_token_ids": final.answer}
+        if lookup:
+            record |= {
+                "lookup_baseline_forwards": lookup.forwards,
+                "lookup_baseline_seconds": lookup.seconds,
+                "lookup_baseline_identical": lookup.answer == baseline.answer,
+            }
+        return record
+
+
+def build_drafter(loaded: LoadedModel, config: EvalConfig, eos: set[int], needed_len: int | None = None) -> Drafter:
+    """What the fast path drafts on: the loaded model, or vLLM engines on the same weights
+    (`backend=vllm`; the timed residual phase and the baselines stay on the loaded model)."""
+    if config.backend == "vllm":
+        from eval.engines.vllm_drafter import VLLMDrafter
+
+        return VLLMDrafter.start(config.model, config.adapter, config.vllm, config.dtype, str(loaded.model.device), eos,
+                                 needed_len)
+    return TransformersDrafter(loaded.model, loaded.tokenizer.pad_token_id, eos, config.fast_batch_size)
+
+
+def build_engine(loaded: LoadedModel, decode: DecodeSpec) -> StreamingEngine:
+    """The decoder `decode.engine` names; the diffusion decoders need the mask token
+    (a clear error from `mask_token_id` when the model lacks it)."""
+    eos = loaded.eos_token_ids
+    if decode.engine == "refusion":
+        return RefusionEngine(loaded.model, mask_token_id(loaded.tokenizer), eos, decode)
+    if decode.engine == "bidirectional":
+        return BidirectionalEngine(loaded.model, mask_token_id(loaded.tokenizer), eos, decode)
+    return AREngine(loaded.model, eos, decode)

@@ -1,0 +1,190 @@
+"""What a relaunch in a run directory may change, and what it must find there.
+
+A run directory holds one run: its recipe (config.yaml), checkpoints, the adapter.
+A relaunch resumes it only with the same recipe (`RESUMABLE_KEYS` aside), on the same
+data and base model (their fingerprints in the run record, headstart.run_dir); any
+other is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from headstart.config import config_from_dict, config_to_dict
+from headstart.prompts import canonical_system_setting
+from headstart.run_dir import check_output_dir, only_entries, read_mark, write_mark
+from train.checkpoints import CHECKPOINT_NAME
+from train.config import RecipeValueError, TrainRecipe
+
+RUN_KIND = "train"
+# What a run directory of an earlier version (without headstart.run_dir.MARK) may hold: the
+# recipe, checkpoints, the adapter and merged model, the trackers' files (train/tracking.py).
+# README.md: the model card TRL writes beside the checkpoints.
+RUN_NAMES = {"config.yaml", "adapter", "merged", "tensorboard", "wandb", "wandb_run_id", "runs", "README.md"}
+# What a run was trained from, by content (recorded in its run record): a resume on other
+# rows or another base would continue the old steps on inputs they never saw.
+INPUT_KEYS = ("data_fingerprint", "model_fingerprint")
+# Keys a config.yaml saved before `training:` held TRL's own field names: {old: new}. The
+# values are the same settings (warmup_ratio was passed to TRL as warmup_steps).
+SAVED_KEY_MOVES = {
+    "training.effective_batch_size": "run.effective_batch_size",
+    "training.keep_effective_batch": "run.keep_effective_batch",
+    "training.resume": "run.resume",
+    "training.merge": "run.merge",
+    "training.warmup_ratio": "training.warmup_steps",
+    "training.gradient_checkpointing": "training.activation_checkpointing",
+}
+
+
+# The keys a run may change when it resumes in its run directory: when it stops, how
+# often it saves, evaluates and logs, where it reports, and what is done after training.
+# Every other key decides what the steps compute (data, model, LoRA, optimiser,
+# schedule, batch, seed, objective): a relaunch that changes one is refused
+# (check_run_dir), since the trainer would silently continue the
+# saved run (a changed learning rate resumes with the saved one; a finished run runs
+# 0 steps). Changing max_steps extends or shortens the run, and the remaining steps
+# follow the learning-rate schedule of the new max_steps (cosine and warm-up are
+# shares of it), so the result is not what a fresh run of that length gives; the
+# run says so when it resumes.
+RESUMABLE_KEYS = (
+    "training.max_steps",
+    "training.save_steps",
+    "training.save_total_limit",
+    "training.eval_steps",
+    "training.logging_steps",
+    "training.report_to",
+    "training.run_name",
+    "training.output_dir",
+    "training.ddp_timeout",
+    "training.dataloader_num_workers",  # the sampler and its order stay in the main process
+    "run.resume",
+    "run.merge",
+    # Only refuses or allows a raised batch; check_resume compares the plan itself with the checkpoint's.
+    "run.keep_effective_batch",
+    "wandb.project",
+    "wandb.entity",
+    "wandb.tags",
+)
+
+
+def recipe_differences(saved: TrainRecipe, recipe: TrainRecipe) -> dict[str, tuple[Any, Any]]:
+    """Keys whose values differ between two recipes, `RESUMABLE_KEYS` aside: {key: (saved, new)}."""
+    old, new = canonical_keys(config_to_dict(saved)), canonical_keys(config_to_dict(recipe))
+    return {key: (old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys())
+            if key not in RESUMABLE_KEYS and old.get(key) != new.get(key)}
+
+
+def canonical_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """`flat_keys`, with the system message setting in its canonical spelling (a run saved
+    with the old `incomplete_request` is the same recipe as one saying `incomplete`)."""
+    flat = flat_keys(values)
+    if isinstance(flat.get("data.system_message"), str):
+        flat["data.system_message"] = canonical_system_setting(flat["data.system_message"])
+    return flat
+
+
+def flat_keys(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat |= flat_keys(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def load_saved_recipe(path: Path) -> TrainRecipe:
+    """A run directory's config.yaml, with the keys of earlier versions moved to their names now."""
+    values = OmegaConf.to_container(OmegaConf.load(path))
+    if not isinstance(values, dict):
+        raise RecipeValueError(f"{path} is not a mapping")
+    for old, new in SAVED_KEY_MOVES.items():
+        section, key = old.split(".")
+        if key in (values.get(section) or {}):
+            new_section, new_key = new.split(".")
+            values.setdefault(new_section, {})[new_key] = values[section].pop(key)
+    return config_from_dict(TrainRecipe, values)
+
+
+def check_run_dir(output_dir: str | Path, recipe: TrainRecipe) -> dict[str, tuple]:
+    """Refuse to train into a directory headstart did not create (headstart.run_dir), or
+    into a run directory holding another run: one whose saved recipe
+    (config.yaml) differs on a key outside `RESUMABLE_KEYS`, one with checkpoints but
+    no config.yaml, or any run at all when `run.resume` is false (a new run would
+    overwrite and rotate away its checkpoints). Reads only. Returns the resumable keys
+    that changed, {key: (saved, new)}."""
+    directory = Path(output_dir)
+    # A directory headstart did not create is refused (headstart.run_dir); one without a
+    # checkpoint or an adapter holds no run (a launch that failed early): a new one starts there.
+    if check_output_dir(directory, RUN_KIND, legacy=_legacy_run_dir, setting="training.output_dir") == "new":
+        return {}
+    saved_path = directory / "config.yaml"
+    holds_run = has_progress(directory)
+    how = f"to start a new run, choose another training.output_dir (or move {directory} away)"
+    if not holds_run:
+        return {}
+    if not saved_path.is_file():
+        if holds_run:
+            raise RecipeValueError(f"{directory} holds checkpoints or an adapter but no config.yaml: the recipe that "
+                                   f"trained them is unknown; {how}")
+        return {}
+    try:
+        saved = load_saved_recipe(saved_path)
+    except ValueError as error:
+        raise RecipeValueError(f"{directory} holds a run whose config.yaml cannot be read ({error}); {how}") from error
+    if holds_run and not recipe.run.resume:
+        raise RecipeValueError(f"run.resume=false, but {directory} holds a run (checkpoints or an adapter) that a "
+                               f"new run would overwrite; {how}")
+    differences = recipe_differences(saved, recipe)
+    if differences:
+        detail = ", ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in differences.items())
+        raise RecipeValueError(
+            f"{directory} holds a run of another recipe ({detail}); resuming it would continue the saved run, not "
+            f"this one. Only these keys may change on resume: {', '.join(RESUMABLE_KEYS)}. {how[0].upper()}{how[1:]}"
+        )
+    old, new = flat_keys(config_to_dict(saved)), flat_keys(config_to_dict(recipe))
+    return {key: (old.get(key), new.get(key)) for key in RESUMABLE_KEYS if old.get(key) != new.get(key)}
+
+
+def has_progress(directory: Path) -> bool:
+    """Whether a run directory holds a checkpoint or an adapter (else it holds no run)."""
+    return any(CHECKPOINT_NAME.match(p.name) for p in directory.iterdir()) or (directory / "adapter").exists()
+
+
+def _legacy_run_dir(directory: Path) -> bool:
+    """A run directory of an earlier version (no run record): only a run's names, with its
+    recipe, a checkpoint or an adapter among them."""
+    # Progress, not names alone: a user's folder holding just a config.yaml is no run of ours.
+    return only_entries(directory, RUN_NAMES, lambda name: bool(CHECKPOINT_NAME.match(name))) and has_progress(directory)
+
+
+def check_inputs(output_dir: str | Path, inputs: dict[str, str], resuming: bool) -> dict[str, str | None]:
+    """Refuse to resume a run on other data or another base model than it was trained on
+    (`inputs`: INPUT_KEYS -> content fingerprint). Reads only; returns what the run record is
+    to keep: these fingerprints, or None for those a run of an earlier version never recorded
+    (it resumes with a warning: its inputs cannot be checked, and the record never vouches for them)."""
+    if not resuming:
+        return dict(inputs)
+    directory = Path(output_dir)
+    saved = (read_mark(directory) or {}).get("inputs") or {}
+    unrecorded = [key for key in INPUT_KEYS if saved.get(key) is None]
+    changed = [key for key in INPUT_KEYS if key not in unrecorded and saved[key] != inputs[key]]
+    if changed:
+        what = {"data_fingerprint": "data.path holds other rows", "model_fingerprint": "model.name_or_path holds other weights"}
+        detail = "; ".join(f"{what[key]} ({key} {saved[key][:19]}... -> {inputs[key][:19]}...)" for key in changed)
+        raise RecipeValueError(
+            f"{directory} holds checkpoints trained on other inputs: {detail}; resuming would continue them on these. "
+            f"Choose another training.output_dir for a new run (or move {directory} away)")
+    if unrecorded:
+        print(f"warning: {directory} predates input fingerprints ({', '.join(unrecorded)} unrecorded): its checkpoints "
+              "cannot be checked against the data and model of this run", flush=True)
+    return {key: None if key in unrecorded else inputs[key] for key in INPUT_KEYS}
+
+
+def mark_run(output_dir: str | Path, inputs: dict[str, str | None]) -> None:
+    """Write the run record (main process, before anything else of the run): the directory
+    is headstart's, and what the run is trained from."""
+    write_mark(output_dir, RUN_KIND, {"inputs": inputs})

@@ -1,0 +1,116 @@
+"""Checks of a training recipe's values, run before anything loads (train/sft.py `parse_recipe`).
+
+The loader has checked the headstart sections' keys and types, train/sft_fields.py the
+`training:` section's; these are the values that would fail (or silently misbehave) only
+once the model has loaded, and the combinations an objective cannot run with.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from headstart.prompts import canonical_system_setting
+from train.config import DIVERGENCES, OBJECTIVES, TRACKERS, RecipeValueError, TrainRecipe
+from train.sft_fields import check_training_section
+
+
+def validate(recipe: TrainRecipe) -> TrainRecipe:
+    """Reject values that cannot work: unknown objective, bad batch split, bad slot settings."""
+    if recipe.objective not in OBJECTIVES:
+        raise RecipeValueError(
+            f"objective {recipe.objective!r} is not implemented; available: {', '.join(OBJECTIVES)}"
+        )
+    check_training_section(recipe.training)
+    if recipe.run.effective_batch_size < 1:
+        raise RecipeValueError(f"run.effective_batch_size must be >= 1, got {recipe.run.effective_batch_size}")
+    for name in ("per_device_train_batch_size", "max_length", "max_steps", "save_steps", "ddp_timeout"):
+        at_least(recipe.training, name, 1)
+    if recipe.model.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise RecipeValueError(f"model.dtype {recipe.model.dtype!r}: use auto, float32, bfloat16 or float16")
+    validate_numbers(recipe)
+    try:
+        recipe.data.system_message = canonical_system_setting(recipe.data.system_message)
+    except ValueError as error:
+        raise RecipeValueError(f"data.system_message: {error}") from error
+    validate_refusion(recipe)
+    validate_distill(recipe)
+    return recipe
+
+
+def at_least(training: dict[str, Any], name: str, low: float, why: str = "") -> None:
+    value = training.get(name)
+    if value is None or value < low:
+        raise RecipeValueError(f"training.{name} must be >= {low:g}{why}, got {value}")
+
+
+def validate_numbers(recipe: TrainRecipe) -> None:
+    """Values PEFT, TRL or the optimiser would refuse (or misuse) only once the model has
+    loaded: a rank-0 adapter, a negative learning rate, a tracker name nobody knows."""
+    lora, t = recipe.lora, recipe.training
+    if lora.r < 1:
+        raise RecipeValueError(f"lora.r must be >= 1 (the adapter's rank), got {lora.r}")
+    if lora.alpha <= 0:
+        raise RecipeValueError(f"lora.alpha must be > 0 (scale = alpha / r), got {lora.alpha}")
+    if not 0 <= lora.dropout < 1:
+        raise RecipeValueError(f"lora.dropout must be in [0, 1), got {lora.dropout}")
+    if not lora.target_modules and not lora.target_regex:
+        raise RecipeValueError("lora.target_modules is empty and lora.target_regex unset: no module would get an adapter")
+    rate = t.get("learning_rate")
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise RecipeValueError(f"training.learning_rate must be a positive number, got {rate}")
+    at_least(t, "warmup_steps", 0, " (below 1: a share of the steps)")
+    for name in ("weight_decay", "eval_steps", "dataloader_num_workers"):
+        at_least(t, name, 0)
+    at_least(t, "max_grad_norm", 0, " (0: no clipping)")
+    if not (t.get("logging_steps") or 0) > 0:
+        raise RecipeValueError(f"training.logging_steps must be > 0, got {t.get('logging_steps')}")
+    limit = t.get("save_total_limit")
+    if limit is not None and limit < 1:
+        raise RecipeValueError(f"training.save_total_limit must be null (keep all) or >= 1, got {limit}")
+    trackers = t.get("report_to") or []
+    unknown = [name for name in ([trackers] if isinstance(trackers, str) else trackers) if name not in TRACKERS]
+    if unknown:
+        raise RecipeValueError(f"training.report_to: unknown tracker {', '.join(map(repr, unknown))}; "
+                               f"use a list of {', '.join(TRACKERS)}")
+    for name in ("max_train_samples", "max_eval_samples"):
+        if getattr(recipe.data, name) is not None and getattr(recipe.data, name) < 1:
+            raise RecipeValueError(f"data.{name} must be null (all rows) or >= 1, got {getattr(recipe.data, name)}")
+
+
+def validate_refusion(recipe: TrainRecipe) -> None:
+    """Slot sizes and eps are checked whatever the objective (the defaults pass). The layout
+    needs its own collator, which TRL's packing and padding-free modes would replace, run
+    in the main process, where it counts the batches it lays out."""
+    r = recipe.refusion
+    if not r.slot_sizes or any(size < 1 for size in r.slot_sizes):
+        raise RecipeValueError(f"refusion.slot_sizes must be a non-empty list of sizes >= 1, got {list(r.slot_sizes)}")
+    if not 0 < r.eps < 1:
+        raise RecipeValueError(f"refusion.eps must be in (0, 1), got {r.eps}")
+    if recipe.objective != "refusion":
+        return
+    if recipe.training.get("packing") or recipe.training.get("padding_free"):
+        raise RecipeValueError(
+            "objective: refusion lays out and pads its own batches; set training.packing and training.padding_free to false"
+        )
+    if recipe.training.get("dataloader_num_workers"):
+        raise RecipeValueError(
+            "objective: refusion numbers its batches in the main process to draw their layouts; "
+            "set training.dataloader_num_workers to 0"
+        )
+
+
+def validate_distill(recipe: TrainRecipe) -> None:
+    """Divergence and top-k are checked whatever the objective (the defaults pass). The
+    student and teacher sequences are laid out by their own collator, which TRL's packing
+    and padding-free modes would replace."""
+    d = recipe.distill
+    if d.divergence not in DIVERGENCES:
+        raise RecipeValueError(f"distill.divergence {d.divergence!r}: use {' or '.join(DIVERGENCES)}")
+    if d.top_k < 0:
+        raise RecipeValueError(f"distill.top_k must be >= 0 (0 = the full vocabulary), got {d.top_k}")
+    if recipe.objective == "distill" and (recipe.training.get("packing") or recipe.training.get("padding_free")):
+        raise RecipeValueError(
+            "objective: distill pads its student and teacher batches itself; set training.packing and "
+            "training.padding_free to false"
+        )
