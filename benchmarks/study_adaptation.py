@@ -42,12 +42,9 @@ from eval.reporting.tables import markdown_rows  # noqa: E402
 from eval.reporting.wandb_report import wandb_mode  # noqa: E402
 from headstart.config import dump_config, run_cli  # noqa: E402
 from headstart.files import read_jsonl  # noqa: E402
-from headstart.run_dir import check_output_dir, only_entries, write_mark  # noqa: E402
+from headstart.run_dir import check_output_dir, write_mark  # noqa: E402
 
 STUDY_KIND = "study"
-# What a study directory of an earlier version (no run record) holds: each stage's directory and file.
-STUDY_NAMES = {"config.yaml", "data", "data.work", "sweep", "train", "report", "curve", "figures", "timings.json",
-               "sweep.json", "curve.json", "study.md", "wandb"}
 CURVE_KEYS = ("forwards_stream_median", "draft_kept_mean", "single_forward_share", "quality_stream")
 
 
@@ -230,7 +227,7 @@ def run_study(config: StudyConfig) -> None:
 
     torch.set_num_threads(config.threads)
     output = Path(config.output_dir)
-    check_output_dir(output, STUDY_KIND, legacy=lambda directory: only_entries(directory, STUDY_NAMES))
+    check_output_dir(output, STUDY_KIND)
     write_mark(output, STUDY_KIND)
     dump_config(config, output / "config.yaml")
     data_dir = output / "data"

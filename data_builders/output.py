@@ -3,9 +3,7 @@
 The builder replaces only what it wrote. Each output directory holds headstart's run
 record (headstart.run_dir, kind "data"), listing its files; a directory without it, or
 holding a file the list does not name (an adapter saved there, notes), is refused, never
-deleted. Builds of headstart 0.1 wrote the list to `.headstart-dataset`: it is read as
-the same record (users have datasets), and replaced by the record at the next build.
-The work directory gets its own marker (`.headstart-work`), and only the builder's own
+deleted. The work directory gets its own marker (`.headstart-work`), and only the builder's own
 intermediate files are ever removed from it.
 """
 
@@ -26,7 +24,6 @@ from data_builders.report import Report
 from headstart.run_dir import MARK, read_mark, write_mark
 
 OUTPUT_MARKER = MARK
-LEGACY_OUTPUT_MARKER = ".headstart-dataset"  # headstart 0.1's marker: {"written_by", "files"[, "in_progress"]}
 RUN_KIND = "data"
 WORK_MARKER = ".headstart-work"
 # What a build writes into its work directory (datasets' map adds shard suffixes and tmp files).
@@ -49,7 +46,7 @@ def foreign_output_files(directory: Path) -> list[str]:
         return []
     if not directory.is_dir():
         return [directory.name]
-    present = [f for f in _files(directory) if f not in (OUTPUT_MARKER, LEGACY_OUTPUT_MARKER)]
+    present = [f for f in _files(directory) if f != OUTPUT_MARKER]
     marker = _output_marker(directory)
     if marker is None:
         return present
@@ -60,12 +57,10 @@ def foreign_output_files(directory: Path) -> list[str]:
 
 
 def _output_marker(directory: Path) -> dict | None:
-    """The build's record of an output directory (headstart's run record of kind "data", else
-    0.1's marker); None when there is none, or one of another kind or unreadable."""
+    """The build's record of an output directory (headstart's run record of kind "data"); None
+    when there is none, or one of another kind or unreadable."""
     try:
         marker = read_mark(directory)
-        if marker is None:
-            marker = json.loads((directory / LEGACY_OUTPUT_MARKER).read_text())
     except (OSError, ValueError):  # OutputDirError (a damaged record) is a ValueError
         return None
     if not isinstance(marker, dict) or marker.get("kind", RUN_KIND) != RUN_KIND or not isinstance(marker.get("files"), list):

@@ -8,14 +8,9 @@ by a file name users also use (`config.json` is also a model directory's, `confi
 anybody's). Before anything is read or written, `check_output_dir` sorts a directory:
 
 - new: absent or empty; the run starts there;
-- resumable: it holds the record of this kind (or a directory an earlier version wrote,
-  recognised by its full set of files: see `legacy`);
+- resumable: it holds the record of this kind;
 - refused: anything else (a file, a non-empty directory without the record, the record
   of another kind, a damaged record): one line naming it, nothing written.
-
-headstart 0.1 wrote no record, but users have runs: each entry point still recognises
-its own earlier directories by what they hold (the `legacy` test it passes), and the
-record is added when such a directory is resumed.
 """
 
 from __future__ import annotations
@@ -23,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,11 +57,9 @@ def read_mark(directory: Path) -> dict[str, Any] | None:
     return mark
 
 
-def check_output_dir(directory: str | Path, kind: str, legacy: Callable[[Path], bool] | None = None,
-                     setting: str = "output_dir") -> Verdict:
-    """Sort `directory` for a run of `kind` (see the module's doc). Reads only. `legacy`:
-    whether an unmarked directory is one this entry point's earlier versions wrote.
-    `setting`: the name the user gave the directory by, for the message."""
+def check_output_dir(directory: str | Path, kind: str, setting: str = "output_dir") -> Verdict:
+    """Sort `directory` for a run of `kind` (see the module's doc). Reads only. `setting`: the
+    name the user gave the directory by, for the message."""
     directory = Path(directory)
     if not directory.exists():
         return "new"
@@ -82,8 +74,6 @@ def check_output_dir(directory: str | Path, kind: str, legacy: Callable[[Path], 
     entries = sorted(p.name for p in _entries(directory))
     if not entries:
         return "new"
-    if legacy is not None and legacy(directory):
-        return "resumable"
     shown = ", ".join(entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
     raise OutputDirError(f"{setting} {directory} is not empty ({shown}) and holds no {MARK}: headstart did not "
                          f"create it; {how}")
@@ -99,12 +89,6 @@ def write_mark(directory: str | Path, kind: str, record: dict[str, Any] | None =
     with os.fdopen(handle, "w") as stream:
         stream.write(json.dumps(mark, indent=1, sort_keys=True) + "\n")
     os.replace(partial, directory / MARK)
-
-
-def only_entries(directory: Path, names: set[str], patterns: Callable[[str], bool] = lambda name: False) -> bool:
-    """Whether every entry of `directory` is one of `names` (or matches `patterns`): what
-    an earlier version's directory is recognised by, besides its key files."""
-    return all(p.name in names or p.name == MARK or patterns(p.name) for p in _entries(directory))
 
 
 def check_writable(directory: str | Path, setting: str = "output_dir") -> None:

@@ -2,7 +2,7 @@
 
 Every entry point that writes marks its directory with headstart's run record
 (headstart.run_dir); an unmarked non-empty directory is refused before anything is
-written, training directories of earlier versions still resume (and get the record),
+written (directories of earlier versions too: 0.1 keeps no compatibility shims),
 and a directory without progress is no run."""
 
 from __future__ import annotations
@@ -99,13 +99,13 @@ def test_training_refuses_a_directory_holding_unrelated_files(tmp_path):
     (users / "notes.txt").write_text("mine")
     with pytest.raises(OutputDirError, match="training.output_dir .* holds no headstart-run.json"):
         check_run_dir(users, recipe)
-    # A run directory of an earlier version (recipe and checkpoints, no record) still resumes.
-    legacy = tmp_path / "legacy"
-    (legacy / "checkpoint-2").mkdir(parents=True)
-    (legacy / "checkpoint-2" / COMPLETE_MARKER).write_text("2\n")
-    dump_config(recipe, legacy / "config.yaml")
-    (legacy / "README.md").write_text("---\nlibrary_name: peft\n---\n")  # TRL's model card, at every save
-    assert check_run_dir(legacy, recipe) == {}
+    # Nor is a run's set of files without the record (headstart 0.1 wrote none: no compatibility kept).
+    unmarked = tmp_path / "unmarked"
+    (unmarked / "checkpoint-2").mkdir(parents=True)
+    (unmarked / "checkpoint-2" / COMPLETE_MARKER).write_text("2\n")
+    dump_config(recipe, unmarked / "config.yaml")
+    with pytest.raises(OutputDirError, match="holds no headstart-run.json"):
+        check_run_dir(unmarked, recipe)
     # But a user's folder holding only a recipe is no run of ours: its config.yaml is not replaced.
     project = tmp_path / "project"
     project.mkdir()
@@ -170,8 +170,9 @@ def test_training_inputs_are_checked_on_resume(tmp_path):
     assert check_inputs(run, inputs | {"model_fingerprint": "sha256:3"}, resuming=False)["model_fingerprint"] == "sha256:3"
     with pytest.raises(RecipeValueError, match="model.name_or_path holds other weights"):
         check_inputs(run, inputs | {"model_fingerprint": "sha256:" + "3" * 64}, resuming=True)
-    write_mark(run, "train")  # a run of an earlier version recorded none: it resumes, unvouched
-    assert check_inputs(run, inputs, resuming=True) == {"data_fingerprint": None, "model_fingerprint": None}
+    write_mark(run, "train")  # a record without fingerprints vouches for nothing: refused
+    with pytest.raises(RecipeValueError, match="data_fingerprint unrecorded"):
+        check_inputs(run, inputs, resuming=True)
 
 
 def test_training_data_fingerprint_is_the_rows(tmp_path):

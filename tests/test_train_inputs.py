@@ -8,16 +8,16 @@ import sys
 from dataclasses import replace
 
 import pytest
-import yaml
 from datasets import Dataset
 from test_train_support import REPO, humaneval_dialogues, launch_env, step_losses, tiny_overrides, write_jsonl
 
 from headstart.config import dump_config, load_config
+from headstart.run_dir import write_mark
 from train.checkpoints import COMPLETE_MARKER
 from train.config import RecipeValueError, TrainRecipe
 from train.data import load_split
 from train.merge import main as merge_main
-from train.relaunch import RESUMABLE_KEYS, check_run_dir
+from train.relaunch import RESUMABLE_KEYS, RUN_KIND, check_run_dir
 from train.tokenization import tokenize_dataset
 
 
@@ -50,6 +50,7 @@ def test_resumable_keys_may_change_and_the_others_may_not(tmp_path):
     (run / "checkpoint-2").mkdir(parents=True)
     (run / "checkpoint-2" / COMPLETE_MARKER).write_text("2\n")
     dump_config(recipe, run / "config.yaml")
+    write_mark(run, RUN_KIND)
     assert check_run_dir(run, recipe) == {}
     longer = replace(recipe, training={**recipe.training, "max_steps": 40, "save_steps": 5, "logging_steps": 2})
     assert check_run_dir(run, longer) == {"training.max_steps": (20, 40), "training.save_steps": (10, 5),
@@ -65,24 +66,6 @@ def test_resumable_keys_may_change_and_the_others_may_not(tmp_path):
     (run / "config.yaml").unlink()
     with pytest.raises(RecipeValueError, match="no config.yaml"):
         check_run_dir(run, recipe)
-
-
-def test_a_run_saved_before_training_held_trls_names_resumes(tmp_path):
-    """A config.yaml written when `training:` held headstart's keys (effective batch, resume, merge,
-    warmup_ratio, gradient_checkpointing) is the same recipe as today's spelling of it."""
-    recipe = load_config(TrainRecipe, ["recipe=qwen3_prefix"])
-    run = tmp_path / "run"
-    (run / "checkpoint-2").mkdir(parents=True)
-    dump_config(recipe, run / "config.yaml")
-    saved = yaml.safe_load((run / "config.yaml").read_text())
-    training = saved["training"]
-    training |= saved.pop("run")
-    training["warmup_ratio"] = training.pop("warmup_steps")
-    training["gradient_checkpointing"] = training.pop("activation_checkpointing")
-    (run / "config.yaml").write_text(yaml.safe_dump(saved))
-    assert check_run_dir(run, recipe) == {}
-    with pytest.raises(RecipeValueError, match=r"training.learning_rate: 2e-05 -> 0.001"):
-        check_run_dir(run, replace(recipe, training={**recipe.training, "learning_rate": 1e-3}))
 
 
 def test_bad_training_data_names_the_file_the_line_the_row_and_the_field(tmp_path, tiny_tokenizer):

@@ -11,32 +11,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from headstart.config import config_from_dict, config_to_dict
+from headstart.config import config_to_dict, load_config
 from headstart.prompts import canonical_system_setting
-from headstart.run_dir import check_output_dir, only_entries, read_mark, write_mark
+from headstart.run_dir import check_output_dir, read_mark, write_mark
 from train.checkpoints import CHECKPOINT_NAME
 from train.config import RecipeValueError, TrainRecipe
 
 RUN_KIND = "train"
-# What a run directory of an earlier version (without headstart.run_dir.MARK) may hold: the
-# recipe, checkpoints, the adapter and merged model, the trackers' files (train/tracking.py).
-# README.md: the model card TRL writes beside the checkpoints.
-RUN_NAMES = {"config.yaml", "adapter", "merged", "tensorboard", "wandb", "wandb_run_id", "runs", "README.md"}
 # What a run was trained from, by content (recorded in its run record): a resume on other
 # rows or another base would continue the old steps on inputs they never saw.
 INPUT_KEYS = ("data_fingerprint", "model_fingerprint")
-# Keys a config.yaml saved before `training:` held TRL's own field names: {old: new}. The
-# values are the same settings (warmup_ratio was passed to TRL as warmup_steps).
-SAVED_KEY_MOVES = {
-    "training.effective_batch_size": "run.effective_batch_size",
-    "training.keep_effective_batch": "run.keep_effective_batch",
-    "training.resume": "run.resume",
-    "training.merge": "run.merge",
-    "training.warmup_ratio": "training.warmup_steps",
-    "training.gradient_checkpointing": "training.activation_checkpointing",
-}
 
 
 # The keys a run may change when it resumes in its run directory: when it stops, how
@@ -96,19 +80,6 @@ def flat_keys(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def load_saved_recipe(path: Path) -> TrainRecipe:
-    """A run directory's config.yaml, with the keys of earlier versions moved to their names now."""
-    values = OmegaConf.to_container(OmegaConf.load(path))
-    if not isinstance(values, dict):
-        raise RecipeValueError(f"{path} is not a mapping")
-    for old, new in SAVED_KEY_MOVES.items():
-        section, key = old.split(".")
-        if key in (values.get(section) or {}):
-            new_section, new_key = new.split(".")
-            values.setdefault(new_section, {})[new_key] = values[section].pop(key)
-    return config_from_dict(TrainRecipe, values)
-
-
 def check_run_dir(output_dir: str | Path, recipe: TrainRecipe) -> dict[str, tuple]:
     """Refuse to train into a directory headstart did not create (headstart.run_dir), or
     into a run directory holding another run: one whose saved recipe
@@ -119,7 +90,7 @@ def check_run_dir(output_dir: str | Path, recipe: TrainRecipe) -> dict[str, tupl
     directory = Path(output_dir)
     # A directory headstart did not create is refused (headstart.run_dir); one without a
     # checkpoint or an adapter holds no run (a launch that failed early): a new one starts there.
-    if check_output_dir(directory, RUN_KIND, legacy=_legacy_run_dir, setting="training.output_dir") == "new":
+    if check_output_dir(directory, RUN_KIND, setting="training.output_dir") == "new":
         return {}
     saved_path = directory / "config.yaml"
     holds_run = has_progress(directory)
@@ -132,7 +103,7 @@ def check_run_dir(output_dir: str | Path, recipe: TrainRecipe) -> dict[str, tupl
                                    f"trained them is unknown; {how}")
         return {}
     try:
-        saved = load_saved_recipe(saved_path)
+        saved = load_config(TrainRecipe, [f"recipe={saved_path}"])
     except ValueError as error:
         raise RecipeValueError(f"{directory} holds a run whose config.yaml cannot be read ({error}); {how}") from error
     if holds_run and not recipe.run.resume:
@@ -154,34 +125,23 @@ def has_progress(directory: Path) -> bool:
     return any(CHECKPOINT_NAME.match(p.name) for p in directory.iterdir()) or (directory / "adapter").exists()
 
 
-def _legacy_run_dir(directory: Path) -> bool:
-    """A run directory of an earlier version (no run record): only a run's names, with its
-    recipe, a checkpoint or an adapter among them."""
-    # Progress, not names alone: a user's folder holding just a config.yaml is no run of ours.
-    return only_entries(directory, RUN_NAMES, lambda name: bool(CHECKPOINT_NAME.match(name))) and has_progress(directory)
-
-
 def check_inputs(output_dir: str | Path, inputs: dict[str, str], resuming: bool) -> dict[str, str | None]:
     """Refuse to resume a run on other data or another base model than it was trained on
-    (`inputs`: INPUT_KEYS -> content fingerprint). Reads only; returns what the run record is
-    to keep: these fingerprints, or None for those a run of an earlier version never recorded
-    (it resumes with a warning: its inputs cannot be checked, and the record never vouches for them)."""
+    (`inputs`: INPUT_KEYS -> content fingerprint); a record without them vouches for nothing and
+    is refused too. Reads only; returns what the run record is to keep."""
     if not resuming:
         return dict(inputs)
     directory = Path(output_dir)
     saved = (read_mark(directory) or {}).get("inputs") or {}
-    unrecorded = [key for key in INPUT_KEYS if saved.get(key) is None]
-    changed = [key for key in INPUT_KEYS if key not in unrecorded and saved[key] != inputs[key]]
+    changed = [key for key in INPUT_KEYS if saved.get(key) != inputs[key]]
     if changed:
         what = {"data_fingerprint": "data.path holds other rows", "model_fingerprint": "model.name_or_path holds other weights"}
-        detail = "; ".join(f"{what[key]} ({key} {saved[key][:19]}... -> {inputs[key][:19]}...)" for key in changed)
+        detail = "; ".join(f"{what[key]} ({key} {str(saved.get(key, 'unrecorded'))[:19]}... -> {inputs[key][:19]}...)"
+                           for key in changed)
         raise RecipeValueError(
             f"{directory} holds checkpoints trained on other inputs: {detail}; resuming would continue them on these. "
             f"Choose another training.output_dir for a new run (or move {directory} away)")
-    if unrecorded:
-        print(f"warning: {directory} predates input fingerprints ({', '.join(unrecorded)} unrecorded): its checkpoints "
-              "cannot be checked against the data and model of this run", flush=True)
-    return {key: None if key in unrecorded else inputs[key] for key in INPUT_KEYS}
+    return dict(inputs)
 
 
 def mark_run(output_dir: str | Path, inputs: dict[str, str | None]) -> None:
