@@ -21,8 +21,8 @@ if [ "$(id -u)" = 0 ]; then
     exit "$started"
   fi
 fi
-# Two workers (pytest-xdist): much of the suite waits (Slurm jobs, launches, vLLM engines) or
-# runs on one thread. tests/conftest.py groups the tests into work units (a file, or every
+# Three workers (pytest-xdist) on two cores: much of the suite waits (Slurm jobs, launches, vLLM
+# engines) or runs on one thread; at two workers the cores were busy 75% of the time. tests/conftest.py groups the tests into work units (a file, or every
 # test of one shared resource: the Slurm cluster, torch's default port) and orders them
 # longest first. `-n 0` after it runs the suite in one process again (e.g. with -s).
-python -m pytest -q --timeout 1800 -n 2 --dist loadgroup --no-loadscope-reorder "$@"
+python -m pytest -q --timeout 1800 -n 3 --dist loadgroup --no-loadscope-reorder "$@"
