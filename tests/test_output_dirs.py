@@ -181,6 +181,9 @@ def test_training_data_fingerprint_is_the_rows(tmp_path):
     first = write_dataset_dict(tmp_path / "a", 4, 2)
     again = write_dataset_dict(tmp_path / "b", 4, 2)  # the same rows, saved again (state.json differs)
     assert data_fingerprint(str(first)) == data_fingerprint(str(again))
+    before = data_fingerprint(str(first))
+    (first / "train" / "cache-0123456789abcdef.arrow").write_bytes(b"a map's cache, written by a run")
+    assert data_fingerprint(str(first)) == before  # a resume on the same rows is not refused
     other = write_dataset_dict(tmp_path / "c", 5, 1)
     assert data_fingerprint(str(first)) != data_fingerprint(str(other))
     assert data_fingerprint("org/dataset") == "hub:org/dataset"

@@ -30,9 +30,11 @@ from test_train_support import (
 
 from headstart.config import dump_config
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, read_training_record
+from headstart.run_dir import write_mark
 from train.batch import batch_plan
 from train.checkpoints import COMPLETE_MARKER, CompletenessMarker
 from train.config import RecipeValueError
+from train.relaunch import RUN_KIND
 from train.sft import parse_recipe
 from train.topology import TOPOLOGY_FILE, Topology, check_resume, checkpoint_topology, launch_topology
 
@@ -152,6 +154,7 @@ def test_batch_plan_and_resume_are_checked_before_any_data_work(monkeypatch, tmp
     recipe, _ = parse_recipe(["recipe=qwen3_prefix", f"data.path={missing}", f"training.output_dir={tmp_path / 'zero'}",
                               "run.keep_effective_batch=false"])  # 3 processes: a raised batch, then the resume
     dump_config(recipe, tmp_path / "zero" / "config.yaml")
+    write_mark(tmp_path / "zero", RUN_KIND)
     deepspeed_checkpoint(tmp_path / "zero" / "checkpoint-2", 2, 3)
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
     with pytest.raises(RecipeValueError, match="DeepSpeed ZeRO-3; this launch is 3 processes without DeepSpeed"):

@@ -17,6 +17,7 @@ from test_train_support import REPO, humaneval_dialogues, launch, launch_env, st
 
 from headstart.models import load_model, load_tokenizer
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, detect_family, render_prompt
+from headstart.run_dir import MARK
 from train.arguments import lora_config, sft_config
 from train.config import RecipeValueError
 from train.distill import IGNORE_INDEX, DistillCollator, DistillTrainer
@@ -266,6 +267,7 @@ def test_objective_distill_through_sft_resumes_bit_identically_and_merges(tmp_pa
     # Resumed from step 2: the same losses and the same adapter, bit for bit.
     shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
     shutil.copy(out / "config.yaml", resumed / "config.yaml")
+    shutil.copy(out / MARK, resumed / MARK)  # the run record: an unmarked directory is refused
     result = launch(["--num_processes", "1"],
                     ["recipe=smollm2_distill", *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
     assert f"resuming from {resumed / 'checkpoint-2'}" in result.stdout

@@ -15,6 +15,7 @@ import train.refusion as refusion
 from headstart.models import load_model
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, detect_family, render_prompt
 from headstart.refusion import MASK_TOKEN, mask_token_id
+from headstart.run_dir import MARK
 from train.config import RecipeValueError
 from train.refusion import RefusionCollator, SlotDraw, draw_slots, lay_out, refusion_loss
 from train.sft import parse_recipe
@@ -257,6 +258,7 @@ def test_objective_refusion_through_sft_trains_tokens_resumes_and_saves_loadable
     # Resumed from step 2, the run lays out the same batches: same losses, same adapter.
     shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
     shutil.copy(out / "config.yaml", resumed / "config.yaml")  # a run directory without its recipe is refused
+    shutil.copy(out / MARK, resumed / MARK)  # nor one without headstart's run record
     result = launch(["--num_processes", "1"],
                     ["recipe=smollm2_refusion", *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
     assert f"resuming from {resumed / 'checkpoint-2'}" in result.stdout

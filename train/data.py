@@ -51,13 +51,15 @@ def load_split(path: str, split: str) -> Dataset | None:
 def data_fingerprint(path: str) -> str:
     """What a run is trained from, by content: "sha256:<hex>" of a data file's bytes, or of a
     saved dataset's rows (its .arrow files and split list: `save_to_disk` also writes a random
-    fingerprint into state.json, which a rebuild of the same rows changes); a hub id is named,
+    fingerprint into state.json, which a rebuild of the same rows changes; `cache-*.arrow` are
+    the caches `datasets` writes beside them when a run maps the rows); a hub id is named,
     "hub:<id>" (the hub resolves it). Reads no dataset."""
     local = Path(path).expanduser()
     if local.is_file():
         return "sha256:" + file_sha256(local)
     if local.is_dir():
-        rows = sorted(p for p in local.rglob("*") if p.is_file() and (p.suffix == ".arrow" or p.name == "dataset_dict.json"))
+        rows = sorted(p for p in local.rglob("*") if p.is_file() and not p.name.startswith("cache-")
+                      and (p.suffix == ".arrow" or p.name == "dataset_dict.json"))
         if not rows:
             return "sha256:" + tree_sha256(local)
         return "sha256:" + files_sha256([(str(p.relative_to(local)), p) for p in rows])
