@@ -7,10 +7,11 @@ Rows are deterministic for a given seed.
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
+
+from headstart import files
 
 _CATEGORIES = ["harassment", "hate", "self-harm", "sexual", "violence"]
 _TOPICS = ["a binary heap", "the French revolution", "photosynthesis", "a REST client", "compound interest",
@@ -83,8 +84,7 @@ def evol_codealpaca_rows(count: int, seed: int = 0) -> Iterator[dict]:
 
 
 def write_jsonl(path: Path, rows) -> Path:
+    """headstart.files.write_jsonl, into a new folder if need be; returns the path for the caller's command."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    files.write_jsonl(path, rows, ensure_ascii=False)
     return path

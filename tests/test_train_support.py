@@ -11,6 +11,7 @@ from pathlib import Path
 
 from datasets import Dataset, DatasetDict
 
+from headstart import files
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
 from train.config import RunSection
 
@@ -38,7 +39,7 @@ def humaneval_dialogues(n: int) -> list[dict]:
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    files.write_jsonl(path, rows)
     return path
 
 
