@@ -33,19 +33,19 @@ from headstart.paths import CHECKOUT, outputs_dir, use_checkout
 
 use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
 
-from eval.before_after import BeforeAfterConfig, report_tables, run_before_after, side_config  # noqa: E402
+from study_report import CURVE_KEYS, write_study_report  # noqa: E402  (beside this script)
+
+from eval.before_after import BeforeAfterConfig, run_before_after, side_config  # noqa: E402
 from eval.benchmarks import get_benchmark  # noqa: E402
-from eval.config import EvalConfig  # noqa: E402
+from eval.config import EvalConfig, check_limit  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
 from eval.reporting.metrics import summarize  # noqa: E402
-from eval.reporting.tables import markdown_rows  # noqa: E402
 from eval.reporting.wandb_report import wandb_mode  # noqa: E402
 from headstart.config import dump_config, run_cli  # noqa: E402
 from headstart.files import read_jsonl  # noqa: E402
 from headstart.run_dir import check_output_dir, write_mark  # noqa: E402
 
 STUDY_KIND = "study"
-CURVE_KEYS = ("forwards_stream_median", "draft_kept_mean", "single_forward_share", "quality_stream")
 
 
 @dataclass
@@ -60,6 +60,11 @@ class StudyConfig:
                                         metadata={"help": "Rates swept per objective on the validation split."})
     sweep_steps: int = field(default=20, metadata={"help": "Optimizer steps of each sweep run."})
     max_steps: int = field(default=120, metadata={"help": "Optimizer steps of each final run (equal for every objective)."})
+    objective_steps: dict[str, int] = field(
+        default_factory=dict,
+        metadata={"help": "Steps of an objective's final run where it differs from max_steps, e.g. {sdft: 100}: on-policy "
+                          "drafting costs far more per step, and the budget is wall clock per objective."},
+    )
     curve_points: int = field(default=3, metadata={"help": "Checkpoints on the learning curve (the last is the final adapter)."})
     effective_batch_size: int = field(default=8, metadata={"help": "Rows per optimizer step."})
     per_device_train_batch_size: int = field(default=2, metadata={"help": "Rows per micro-step."})
@@ -70,7 +75,12 @@ class StudyConfig:
     )
     benchmarks: list[str] = field(default_factory=lambda: ["humaneval", "mbpp"], metadata={"help": "Evaluated benchmarks."})
     data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark, e.g. {mbpp: path}."})
-    limit: int = field(default=40, metadata={"help": "Requests per benchmark (the first N test problems)."})
+    limit: int | None = field(default=None, metadata={"help": "Requests per benchmark (the first N test problems); null: all."})
+    timed_every: int = field(
+        default=1,
+        metadata={"help": "Count mode of every evaluation (EvalConfig.timed_every): time every N-th request, count the "
+                          "others from batched greedy drafts; 1: time all."},
+    )
     curve_benchmark: str = field(default="humaneval", metadata={"help": "Benchmark of the learning curve."})
     curve_limit: int | None = field(
         default=None,
@@ -85,19 +95,30 @@ class StudyConfig:
     def __post_init__(self) -> None:
         if self.curve_benchmark not in self.benchmarks:
             raise ValueError(f"curve_benchmark={self.curve_benchmark!r} is not in benchmarks {self.benchmarks}")
-        if not 1 <= self.curve_points <= self.max_steps or self.sweep_steps < 1:
-            raise ValueError("need 1 <= curve_points <= max_steps and sweep_steps >= 1")
+        unknown = sorted(set(self.objective_steps) - set(self.objectives))
+        if unknown:
+            raise ValueError(f"objective_steps names {unknown}, not objectives of the study ({', '.join(self.objectives)})")
+        if not 1 <= self.curve_points <= min(map(self.steps, self.objectives)) or self.sweep_steps < 1:
+            raise ValueError("need 1 <= curve_points <= every objective's steps and sweep_steps >= 1")
         if self.curve_limit is not None and self.curve_limit < 1:
             raise ValueError(f"curve_limit={self.curve_limit} must be at least 1 (or null: limit)")
-        if self.max_steps % self.curve_points:
-            raise ValueError(f"max_steps={self.max_steps} must be a multiple of curve_points={self.curve_points}")
+        check_limit(self.limit)
+        for objective in self.objectives:
+            if self.steps(objective) % self.curve_points:
+                raise ValueError(f"{objective}: {self.steps(objective)} steps must be a multiple of "
+                                 f"curve_points={self.curve_points}")
         if not self.learning_rates or "before" in self.objectives:
             raise ValueError("learning_rates must not be empty; 'before' is the base model's side, not an objective")
 
+    def steps(self, objective: str) -> int:
+        """Optimizer steps of an objective's final run."""
+        return self.objective_steps.get(objective, self.max_steps)
+
     @property
-    def curve_requests(self) -> int:
-        """Requests per curve point: curve_limit, never more than limit."""
-        return min(self.curve_limit or self.limit, self.limit)
+    def curve_requests(self) -> int | None:
+        """Requests per curve point: curve_limit, never more than limit (None: all)."""
+        limits = [n for n in (self.curve_limit, self.limit) if n is not None]
+        return min(limits) if limits else None
 
     @property
     def group(self) -> str:
@@ -208,16 +229,17 @@ def curve(config: StudyConfig, report: BeforeAfterConfig, runs: dict[str, Path])
         return {"step": step, **{k: summary[k] for k in CURVE_KEYS}}
 
     side_of_model = {model: side for side, model in report.sides.items()}
-    every = config.max_steps // config.curve_points
     points: dict[str, list[dict]] = {}
     for objective, run_dir in runs.items():
+        steps = config.steps(objective)
+        every = steps // config.curve_points
         points[objective] = [point(0, side_config(report, "before", benchmark).output_dir)]
-        for step in range(every, config.max_steps, every):
+        for step in range(every, steps, every):
             evaluation = curve_evaluation(config, report, run_dir, step)
             run_evaluation(evaluation)
             points[objective].append(point(step, evaluation.output_dir))
         final = side_config(report, side_of_model[str(run_dir / "adapter")], benchmark)
-        points[objective].append(point(config.max_steps, final.output_dir))
+        points[objective].append(point(steps, final.output_dir))
     (Path(config.output_dir) / "curve.json").write_text(json.dumps(points, indent=1) + "\n")
     return points
 
@@ -241,17 +263,17 @@ def run_study(config: StudyConfig) -> None:
     print(f"learning rates chosen: {best}", flush=True)
 
     # --- 3. Training at equal compute -------------------------------------------------
-    every = config.max_steps // config.curve_points
     runs = {objective: output / "train" / objective for objective in config.objectives}
-    adapters = {objective: train(config, objective, runs[objective], data_dir, best[objective], config.max_steps,
-                                 every, evaluate=False) for objective in config.objectives}
+    adapters = {objective: train(config, objective, runs[objective], data_dir, best[objective], config.steps(objective),
+                                 config.steps(objective) // config.curve_points, evaluate=False)
+                for objective in config.objectives}
 
     # --- 4. Base vs every objective, identical settings -------------------------------
     first, *more = config.objectives
     report = BeforeAfterConfig(model=config.model, adapted=str(adapters[first]),
                                more_adapted={name: str(adapters[name]) for name in more}, benchmarks=config.benchmarks,
                                data_paths=config.data_paths, limit=config.limit, decode=config.decode,
-                               output_dir=str(output / "report"), wandb_group=config.group)
+                               timed_every=config.timed_every, output_dir=str(output / "report"), wandb_group=config.group)
     with timed(output, "evaluate base and adapted"):
         summaries = run_before_after(report)
 
@@ -261,68 +283,6 @@ def run_study(config: StudyConfig) -> None:
 
     # --- 6. Report ---------------------------------------------------------------------
     write_study_report(config, output, losses, best, summaries, points)
-
-
-def write_study_report(config: StudyConfig, output: Path, losses, best, summaries, points) -> None:
-    from study_figures import learning_curve, residual_forwards_boxes  # beside this script; matplotlib: not for `--help`
-
-    figures = output / "figures"
-    records = {b: {side: read_jsonl(output / "report" / side / b / "results.jsonl") for side in summaries[b]}
-               for b in config.benchmarks}
-    curve_requests = config.curve_requests
-    curve_png = learning_curve(points, f"{config.curve_benchmark}, first {curve_requests}", figures / "learning_curve.png")
-    boxes_png = residual_forwards_boxes(records, figures / "residual_forwards.png")
-    first = next(iter(config.objectives))
-    lines = [f"# Adaptation study: {config.model}, base vs {' vs '.join(config.objectives)}\n",
-             f"Side `after` is `{first}`. Equal compute: {config.max_steps} steps x {config.effective_batch_size} rows, "
-             f"max length {config.max_length}. Evaluation: first {config.limit} problems, {config.decode.acceptance}, "
-             f"regenerate={config.decode.regenerate}, {config.decode.max_new_tokens} tokens.\n",
-             f"## Learning-rate sweep ({config.sweep_steps} steps, validation loss of each objective)\n",
-             markdown_rows(["objective", *losses[first], "chosen"],
-                           [[o, *(f"{v:.4f}" for v in rates.values()), f"{best[o]:g}"] for o, rates in losses.items()]), ""]
-    lines += data_summary(output / "data") + timings_table(output)
-    for title, (header, rows) in report_tables(summaries).items():
-        lines += [f"## {title}\n", markdown_rows(header, rows), ""]
-    curve_rows = [[o, str(p["step"]), f"{p['forwards_stream_median']:g}", f"{p['draft_kept_mean']:.1%}",
-                   f"{p['single_forward_share']:.1%}", f"{p['quality_stream']:.1%}"] for o, ps in points.items() for p in ps]
-    lines += [f"## Learning curve ({config.curve_benchmark}, first {curve_requests} problems at every point)\n",
-              markdown_rows(["objective", "step", "median residual fwd", "draft kept", "1-forward", "pass@1"], curve_rows),
-              "", f"![learning curve](figures/{curve_png.name})", f"![residual forwards](figures/{boxes_png.name})"]
-    (output / "study.md").write_text("\n".join(lines) + "\n")
-    log_curve(config, output, points, [curve_png, boxes_png])
-    print(f"\nstudy report: {output / 'study.md'}", flush=True)
-
-
-def data_summary(data_dir: Path) -> list[str]:
-    """Requests, rows and token lengths of the training data, from the builder's report."""
-    built = json.loads((data_dir / "report.json").read_text())
-    rows = [[split, str(counts["requests"]), str(counts["rows"]),
-             *(f"{built['tokens']['splits'][split][k]['mean']:g}" for k in ("prompt_tokens", "answer_tokens"))]
-            for split, counts in built["splits"].items()]
-    dropped = built["drops"].get("answer_hit_token_cap", 0)
-    return [f"## Training data (`{data_dir}`; {dropped} requests dropped: answer cut at the token cap)\n",
-            markdown_rows(["split", "requests", "rows", "prompt tokens (mean)", "answer tokens (mean)"], rows), ""]
-
-
-def timings_table(output: Path) -> list[str]:
-    path = output / "timings.json"
-    timings = json.loads(path.read_text()) if path.is_file() else {}
-    return ["## Wall clock per stage (seconds, this machine)\n",
-            markdown_rows(["stage", "seconds"], [[k, f"{v:.0f}"] for k, v in timings.items()]), ""]
-
-
-def log_curve(config: StudyConfig, output: Path, points, figures: list[Path]) -> None:
-    """The learning curve as one more run of the study's W&B group."""
-    import wandb
-
-    run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "headstart", group=config.group,
-                     name=f"{config.group}-curve", job_type="study-curve", dir=str(output),
-                     mode=wandb_mode(None), reinit="finish_previous")
-    columns = ["objective", "step", *CURVE_KEYS]
-    run.log({"learning_curve": wandb.Table(columns=columns, data=[[o, p["step"], *(p[k] for k in CURVE_KEYS)]
-                                                                    for o, ps in points.items() for p in ps])})
-    run.log({path.stem: wandb.Image(str(path)) for path in figures})
-    run.finish()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,9 +15,9 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eval.config import EvalConfig, check_limit
+from eval.config import EvalConfig, check_limit, check_timed_every
 from eval.engines.decode import DecodeSpec, decode_label
 from eval.reporting.tables import macro_average, markdown_rows, markdown_table
 from eval.reporting.typing_report import TYPING_NOTE, TYPING_TITLE, break_even_notes, typing_rows, typing_section
@@ -29,6 +29,9 @@ from headstart.files import read_jsonl
 from headstart.paths import outputs_dir
 from headstart.prompts import check_evaluation_system_setting
 from headstart.run_dir import check_output_dir, write_mark
+
+if TYPE_CHECKING:
+    from eval.reporting.paired import PairedComparison
 
 KIND = "before-after"
 
@@ -65,6 +68,11 @@ class BeforeAfterConfig:
         default="incomplete",
         metadata={"help": "System message for both sides: 'incomplete', 'model' or text."},
     )
+    timed_every: int = field(
+        default=1,
+        metadata={"help": "Count mode of both sides (EvalConfig.timed_every): time every N-th request, count the others "
+                          "from batched greedy drafts; 1: time all."},
+    )
     typing: str | None = field(
         default=None,
         metadata={"help": "Typing-time simulation of both sides (eval.typing_sim): 'cpm:N', 'unlimited' or a keystroke trace "
@@ -91,6 +99,7 @@ class BeforeAfterConfig:
     def __post_init__(self) -> None:
         check_limit(self.limit)
         parse_shard(self.shard)
+        check_timed_every(self.timed_every, self.decode)
         self.system_prompt = check_evaluation_system_setting(self.system_prompt)
         check_dtype(self.dtype)
         check_device(self.device)
@@ -113,6 +122,7 @@ def side_config(config: BeforeAfterConfig, side: str, benchmark: str) -> EvalCon
         limit=config.limit,
         decode=config.decode,
         system_prompt=config.system_prompt,
+        timed_every=config.timed_every,
         device=config.device,
         dtype=config.dtype,
         typing=config.typing,
@@ -127,6 +137,7 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
     Every side is checked first (data, base and adapted weights, results already in
     output_dir: a retrained adapter at the same path is refused, not reused), so a
     bad setting fails before any model loads or any file is written."""
+    from eval.reporting.paired import compare_sides  # numpy, scipy: not for `--help`
     from eval.runner import prepare_evaluation, run_evaluation  # here, not above: `--help` loads no torch
 
     output_dir = Path(config.output_dir)
@@ -152,12 +163,13 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
             evaluation = side_config(config, side, benchmark)
             summaries[benchmark][side] = run_evaluation(evaluation)
             records[benchmark][side] = read_jsonl(Path(evaluation.output_dir) / "results.jsonl")
-    figures = write_figures(summaries, records, output_dir / "figures")
+    paired = compare_sides(records)
+    figures = write_figures(summaries, records, output_dir / "figures", paired)
     typing = side_typing(config) if config.typing else {}
     figures += typing_figures(typing, output_dir / "figures")
-    write_reports(config, summaries, figures, output_dir, typing)
+    write_reports(config, summaries, figures, output_dir, typing, paired)
     for side in config.sides:
-        log_side(config, side, summaries, records, figures, config_to_dict(config))
+        log_side(config, side, summaries, records, figures, config_to_dict(config), paired)
     print(f"\nreport: {output_dir / 'report.md'}\n        {output_dir / 'report.html'}")
     return summaries
 
@@ -176,14 +188,20 @@ def run_shard(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]]]
     return summaries
 
 
-def write_figures(summaries, records, directory: Path) -> list[Path]:
-    from eval.reporting.plots import acceptance_bars, speedup_histogram  # matplotlib: not for `--help`
+def write_figures(summaries, records, directory: Path,
+                  paired: dict[str, dict[str, PairedComparison]] | None = None) -> list[Path]:
+    """Speedup histograms, acceptance bars and, with `paired`, the per-request paired differences."""
+    from eval.reporting.plots import acceptance_bars, paired_differences, speedup_histogram  # matplotlib: not for `--help`
 
     figures = [
         speedup_histogram(records[benchmark], f"{benchmark}: residual speedup", directory / f"speedup_{benchmark}.png")
         for benchmark in summaries
     ]
-    return figures + [acceptance_bars(summaries, directory / "acceptance.png")]
+    figures.append(acceptance_bars(summaries, directory / "acceptance.png"))
+    if paired:
+        differences = {b: {side: list(c.differences.values()) for side, c in sides.items()} for b, sides in paired.items()}
+        figures.append(paired_differences(differences, directory / "paired_differences.png"))
+    return figures
 
 
 def report_tables(summaries: dict[str, dict[str, dict[str, Any]]]) -> dict[str, tuple[list[str], list[list[str]]]]:
@@ -213,13 +231,19 @@ def report_tables(summaries: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
             f"Table 3: acceptance ({order})": table3}
 
 
-def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], output_dir: Path, typing=None) -> None:
+def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], output_dir: Path, typing=None,
+                  paired: dict[str, dict[str, PairedComparison]] | None = None) -> None:
+    """report.md, report.html and summary.json (each side but the base with its paired_vs_before)."""
+    from eval.reporting.paired import BASE_SIDE, paired_markdown, paired_note, paired_rows  # numpy: not for `--help`
+
     tables = report_tables(summaries)
+    paired = paired or {}
     models = " → ".join(f"{side} `{model}`" for side, model in config.sides.items())
     markdown = [f"# Before/after streaming report\n\n{models}, "
                 f"{decode_label(config.decode)}, max_new_tokens {config.decode.max_new_tokens}, limit {config.limit}\n"]
     for title, (header, rows) in tables.items():
         markdown += [f"## {title}\n", markdown_rows(header, rows), ""]
+    markdown += paired_markdown(paired)
     for side in config.sides:
         markdown += [f"## All columns, {side}\n", markdown_table({b: s[side] for b, s in summaries.items()}), ""]
     for side, by_benchmark in (typing or {}).items():
@@ -229,6 +253,10 @@ def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], out
     body = [f"<h1>Before/after streaming report</h1><p>{html.escape(markdown[0])}</p>"]
     for title, (header, rows) in tables.items():
         body += [f"<h2>{html.escape(title)}</h2>", _html(header, rows)]
+    for benchmark, sides in paired.items():
+        for side, comparison in sides.items():
+            body += [f"<h2>Paired changes: {html.escape(benchmark)}, {html.escape(side)} vs {BASE_SIDE}</h2>",
+                     _html(*paired_rows(comparison, side)), f"<p>{html.escape(paired_note(comparison, side))}</p>"]
     for side, by_benchmark in (typing or {}).items():
         notes = "".join(f"<li>{html.escape(note)}</li>" for note in break_even_notes(by_benchmark))
         body += [f"<h2>{TYPING_TITLE}, {html.escape(side)}</h2><p>{TYPING_NOTE}</p>", _html(*typing_rows(by_benchmark)),
@@ -238,7 +266,9 @@ def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], out
         "<!doctype html><meta charset='utf-8'><title>headstart before/after</title>"
         "<style>table{border-collapse:collapse}td,th{border:1px solid #999;padding:3px 8px}</style>"
         + "\n".join(body) + "\n")
-    (output_dir / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n")
+    with_paired = {b: {side: summary | ({"paired_vs_before": paired[b][side].to_dict()} if side in paired.get(b, {}) else {})
+                       for side, summary in sides.items()} for b, sides in summaries.items()}
+    (output_dir / "summary.json").write_text(json.dumps(with_paired, indent=2) + "\n")
 
 
 def side_typing(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]]]:

@@ -44,6 +44,12 @@ class EvalConfig:
         metadata={"help": "Fast path batch: prefixes decoded together (greedy), or requests per round (other rules); with "
                           "backend=vllm, what one vLLM call gets (raise it: vLLM schedules its own batches)."},
     )
+    timed_every: int = field(
+        default=1,
+        metadata={"help": "Count mode: decode and time the baselines and the final update at batch 1 for every N-th request "
+                          "(positions 0, N, 2N, ... of the selection); the others are counted from greedy drafts of S_1..S_n "
+                          "decoded in batches (the same counts, no wall clock; greedy acceptance, AR fast path). 1: time all."},
+    )
     backend: str = field(
         default="transformers",
         metadata={"help": "Fast path drafting on 'transformers' or 'vllm' (drafts, verify passes and regeneration; the same "
@@ -108,6 +114,7 @@ class EvalConfig:
         # Each of these used to be found only once the model had loaded (minutes for an 8B model).
         self.system_prompt = check_evaluation_system_setting(self.system_prompt)
         check_at_least_one("fast_batch_size", self.fast_batch_size)
+        check_timed_every(self.timed_every, self.decode)
         check_dtype(self.dtype)
         check_device(self.device)
         if self.backend not in BACKENDS:
@@ -119,6 +126,15 @@ class EvalConfig:
             raise ValueError("report_only reports merged results; run without shard (that merges the shards)")
         if self.typing is not None:
             check_typing(self.typing, self.typing_policy, self.decode)
+
+
+def check_timed_every(timed_every: int, decode: DecodeSpec) -> None:
+    """Counting without timing needs every count to follow from greedy drafts: greedy acceptance on the AR fast path."""
+    check_at_least_one("timed_every", timed_every)
+    if timed_every > 1 and not (decode.fast and decode.rule.lossless):
+        raise ValueError(f"timed_every={timed_every} counts requests from greedy drafts: it needs decode.acceptance=greedy "
+                         f"and the AR fast path (decode.engine=auto or fast), not acceptance={decode.acceptance}, "
+                         f"engine={decode.engine}; use timed_every=1")
 
 
 def check_at_least_one(setting: str, value: int) -> None:

@@ -11,7 +11,15 @@ from eval.engines.ar import AREngine
 from eval.engines.base import StreamingEngine, UpdateResult
 from eval.engines.bidirectional import BidirectionalEngine
 from eval.engines.decode import AR_ENGINES, DecodeSpec
-from eval.engines.fast_path import Drafter, Drafting, TransformersDrafter, final_update, greedy_drafting, round_drafts
+from eval.engines.fast_path import (
+    Drafter,
+    Drafting,
+    TransformersDrafter,
+    counted_results,
+    final_update,
+    greedy_drafting,
+    round_drafts,
+)
 from eval.engines.refusion import RefusionEngine
 from headstart.models import LoadedModel
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
@@ -23,9 +31,12 @@ from headstart.vllm_client import needed_model_len
 class StreamingEvaluator:
     """Evaluates requests one at a time with the configured engine, baseline included."""
 
-    def __init__(self, loaded: LoadedModel, config: EvalConfig, requests: list[Request] | None = None) -> None:
-        """`requests`: what it will evaluate, for the drafting cache vLLM reserves (None: the model's context)."""
+    def __init__(self, loaded: LoadedModel, config: EvalConfig, requests: list[Request] | None = None,
+                 untimed: set[str] = frozenset()) -> None:
+        """`requests`: what it will evaluate, for the drafting cache vLLM reserves (None: the model's context).
+        `untimed`: the ids of requests counted from batched greedy drafts, not timed (count mode, `timed_every`)."""
         self.loaded = loaded
+        self.untimed = untimed
         self.config = config
         self.decode = config.decode
         # The fast path batches AR drafting across requests: AR decoding only.
@@ -71,22 +82,31 @@ class StreamingEvaluator:
         if not self.fast:
             return [self._evaluate_stepwise(request) for request in requests]
         prompts = [self.prompts(request) for request in requests]
+        counted = [request.request_id in self.untimed for request in requests]
         records = []
-        for request, request_prompts, drafting in zip(requests, prompts, self.drafts(prompts)):
-            final = final_update(self.engine, request_prompts, drafting)
-            records.append(self._record(request, *self._baselines(request_prompts[-1]), final, drafting))
+        for request, request_prompts, drafting in zip(requests, prompts, self.drafts(prompts, counted)):
+            if drafting.answer is not None:
+                baseline, lookup, final = counted_results(request_prompts, drafting, self.decode, self.engine.eos_token_ids)
+            else:
+                final = final_update(self.engine, request_prompts, drafting)
+                baseline, lookup = self._baselines(request_prompts[-1])
+            records.append(self._record(request, baseline, lookup, final, drafting))
         return records
 
-    def drafts(self, prompts: list[list[list[int]]]) -> list[Drafting]:
-        """Each request's drafts D_1..D_{n-1} and their forwards, batched across requests."""
+    def drafts(self, prompts: list[list[list[int]]], counted: list[bool]) -> list[Drafting]:
+        """Each request's drafts D_1..D_{n-1} and their forwards, batched across requests; a
+        request counted, not timed, also gets D_n = greedy(S_n) in the same batch."""
         decode, eos = self.decode, self.engine.eos_token_ids
         if not decode.rule.lossless:
             return round_drafts(self.drafter, [p[:-1] for p in prompts], decode, eos)
-        drafts = self.drafter.greedy([p for request in prompts for p in request[:-1]], decode.max_new_tokens)
+        decoded = [request if whole else request[:-1] for request, whole in zip(prompts, counted)]
+        answers = self.drafter.greedy([p for request in decoded for p in request], decode.max_new_tokens)
         results = []
-        for request_prompts in prompts:
-            request_drafts, drafts = drafts[: len(request_prompts) - 1], drafts[len(request_prompts) - 1 :]
-            results.append(greedy_drafting(request_drafts, request_prompts, decode, eos))
+        for request_prompts, whole in zip(prompts, counted):
+            taken = len(request_prompts) - (not whole)
+            request_answers, answers = answers[:taken], answers[taken:]
+            final = request_answers.pop() if whole else None
+            results.append(greedy_drafting(request_answers, request_prompts, decode, eos, final))
         return results
 
     def _evaluate_stepwise(self, request: Request) -> dict[str, Any]:
@@ -99,9 +119,11 @@ class StreamingEvaluator:
         """Consecutive requests whose drafts fit one fast-path batch (one each when stepwise)."""
         if not self.fast:
             return [[request] for request in requests]
-        # Greedy decodes every prefix of a group in one batch; other rules one per request per round.
+        # Greedy decodes every prefix of a group in one batch (S_n too when counted); other rules one per request per round.
         def width(request: Request) -> int:
-            return len(request.segments) - 1 if self.decode.rule.lossless else 1
+            if not self.decode.rule.lossless:
+                return 1
+            return len(request.segments) - (request.request_id not in self.untimed)
 
         groups: list[list[Request]] = [[]]
         for request in requests:
@@ -109,6 +131,12 @@ class StreamingEvaluator:
                 groups.append([])
             groups[-1].append(request)
         return [group for group in groups if group]
+
+    def _engine_label(self, drafting: Drafting) -> str:
+        """What computed the record: 'counted' (from batched greedy drafts, untimed), 'fast', 'stepwise' or a diffusion engine."""
+        if drafting.answer is not None:
+            return "counted"
+        return "fast" if self.fast else ("stepwise" if self.decode.engine in AR_ENGINES else self.decode.engine)
 
     def _baselines(self, prompt_ids: list[int]) -> tuple[UpdateResult, UpdateResult | None]:
         """S_n decoded from scratch: plain greedy, and the lookup decoder with the
@@ -138,7 +166,7 @@ class StreamingEvaluator:
             "baseline_seconds": baseline.seconds,
             "residual_seconds": final.seconds,
             "min_residual_forwards": self.engine.min_residual_forwards,
-            "engine": "fast" if self.fast else ("stepwise" if self.decode.engine in AR_ENGINES else self.decode.engine),
+            "engine": self._engine_label(drafting),
             "drafting_backend": self.config.backend if self.fast else "transformers",
         }
         if self.config.typing:  # what eval.typing_sim re-derives drafts and costs from

@@ -19,7 +19,8 @@ from headstart.run_dir import check_output_dir
 # Settings that change the numbers, beside the decode settings' own (DecodeSpec.result_keys):
 # a resumed run must match on all of them. `sandbox_cpu_seconds` decides verdicts (a program
 # killed at the limit fails); `backend` decides where drafts are decoded (the same tokens up
-# to floating-point near-ties, which can change what is accepted). The other EvalConfig fields
+# to floating-point near-ties, which can change what is accepted); `timed_every` which records carry
+# wall clock (a resume that changed it would time another sample). The other EvalConfig fields
 # change no recorded number: `limit`, `shard`, `output_dir` choose which requests run and
 # where; `fast_batch_size` how drafts are batched (greedy decoding per prompt, the same
 # forwards); `vllm` the engines' memory, parallelism and compilation; `record_tokens` and
@@ -28,7 +29,7 @@ from headstart.run_dir import check_output_dir
 # data_path and acceptance); `device` is not a key: a merge or report job runs where no model
 # loads (a CPU node for a GPU run's shards), and counts do not depend on it.
 RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "system_prompt", "dtype", "sandbox_cpu_seconds",
-               "backend")
+               "backend", "timed_every")
 # And what they were computed from, by content: the weights loaded (model and adapter,
 # headstart.models.weights_fingerprint) and the data read (eval.benchmarks.data_fingerprint).
 # The same path holding other weights (a retrained adapter) is other settings.

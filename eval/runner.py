@@ -49,6 +49,7 @@ class PreparedRun:
     requests: list[Request]
     shard: Shard | None = None
     merged: list[dict[str, Any]] | None = None
+    untimed: frozenset[str] = frozenset()  # count mode: requests counted from batched drafts, not timed
 
 
 def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None) -> PreparedRun:
@@ -68,6 +69,8 @@ def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None
     if config.backend == "vllm" and (reason := vllm_unavailable(config.vllm, device)):
         raise ValueError(f"backend=vllm: {reason}")
     current = result_settings(config)
+    # Positions in the whole selection, not in a shard's: sharded and unsharded runs time the same requests.
+    untimed = frozenset(r.request_id for i, r in enumerate(requests) if i % config.timed_every)
     resolve_system_message(config.system_prompt, config.adapter or config.model)  # the model's record, read now
     check_writable(output_dir)  # a PermissionError once the model had loaded, and never with limit=0
     shard = parse_shard(config.shard)
@@ -75,11 +78,12 @@ def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None
         # A shard may hold no request (more shards than requests): it finishes at once.
         directory = shard_dir(output_dir, shard)
         check_output_dir(output_dir, RUN_KIND)  # the run it is a shard of
-        return PreparedRun(directory, check_resumable(directory, current), benchmark, shard.select(requests), shard)
+        return PreparedRun(directory, check_resumable(directory, current), benchmark, shard.select(requests), shard,
+                           untimed=untimed)
     settings = check_resumable(output_dir, current)
     # limit=0 reads every request, not the selection the shards were given: nothing to merge.
     merged = None if config.limit == 0 else merged_records(output_dir, current, [r.request_id for r in requests])
-    return PreparedRun(output_dir, settings, benchmark, requests, merged=merged)
+    return PreparedRun(output_dir, settings, benchmark, requests, merged=merged, untimed=untimed)
 
 
 def start_results(prepared: PreparedRun, config: EvalConfig) -> None:
@@ -120,9 +124,11 @@ def run_evaluation(
         if callable(loaded):
             loaded = loaded()
         loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
-        evaluator = StreamingEvaluator(loaded, config, todo)
+        evaluator = StreamingEvaluator(loaded, config, todo, prepared.untimed)
         try:
-            evaluator.warm_up(todo[0])
+            timed = [r for r in todo if r.request_id not in prepared.untimed]
+            if timed:
+                evaluator.warm_up(timed[0])
             shard = f" shard {prepared.shard}" if prepared.shard else ""
             progress = tqdm(desc=f"{config.benchmark} {config.decode.acceptance}{shard}", initial=len(done), total=len(requests))
             for group in evaluator.request_groups(todo):
@@ -160,8 +166,12 @@ def timing_note(config: EvalConfig) -> str:
     """Where the work ran, and which of it was timed (the report says so: vLLM drafts but never times)."""
     if not config.decode.fast:
         return "Every update decoded on transformers at batch 1, each one timed."
-    return (f"Drafting (counted, not timed) on {config.backend}; the baselines and the timed residual phase "
+    note = (f"Drafting (counted, not timed) on {config.backend}; the baselines and the timed residual phase "
             "on transformers at batch 1.")
+    if config.timed_every > 1:
+        note += (f" Count mode: every {config.timed_every}th request timed; the others counted from greedy drafts of "
+                 "S_1..S_n decoded in batches (wall clock over the timed requests only).")
+    return note
 
 
 def _scores(benchmark, request: Request, record: dict[str, Any]) -> dict[str, Any]:

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# A real two-node Slurm cluster on this one machine, for the tests and CI (root).
+# A real four-node Slurm cluster on this one machine, for the tests and CI (root).
 #   bash scripts/slurm_local.sh start    # install (Debian packages) if needed, configure, start
 #   bash scripts/slurm_local.sh stop     # stop what `start` started, remove its state
 #   bash scripts/slurm_local.sh status   # exit 0 when ours runs, 3 when not
 # Clients need SLURM_CONF=$SLURM_DIR/slurm.conf (printed by `start`).
 #
 # Everything it starts is its own: a munged with its own key and socket, one
-# slurmctld and two slurmd, their configuration, state, logs and pid files, all
+# slurmctld and four slurmd, their configuration, state, logs and pid files, all
 # under $SLURM_DIR (default /tmp/headstart-slurm). It records their pids and
 # `stop` ends those processes only (each checked to still be the one it started),
 # then removes $SLURM_DIR and the /etc/hosts line it added, if it added one.
@@ -24,7 +24,10 @@ CONF=$SLURM_DIR/slurm.conf
 PIDS=$SLURM_DIR/pids            # "name pid" per line: the daemons this script started
 MARK=$SLURM_DIR/.headstart-slurm  # what `stop` checks before it removes $SLURM_DIR
 MUNGE=$SLURM_DIR/munge
-HOSTS_LINE="127.0.0.1 n1 n2  # headstart-slurm $SLURM_DIR"
+# Four nodes: the suite runs its Slurm tests in two streams (tests/conftest.py), each with two-node
+# jobs, and a stream's --exclusive jobs still find two whole nodes free.
+NODES=(n1 n2 n3 n4)
+HOSTS_LINE="127.0.0.1 ${NODES[*]}  # headstart-slurm $SLURM_DIR"
 
 install() {
   command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
@@ -65,7 +68,7 @@ foreign_slurm() {  # slurmctld and slurmd processes not started by us
 }
 
 write_config() {
-  mkdir -p "$SLURM_DIR/state" "$SLURM_DIR/spool-n1" "$SLURM_DIR/spool-n2"
+  mkdir -p "$SLURM_DIR/state" "${NODES[@]/#/$SLURM_DIR/spool-}"
   touch "$MARK"
   cat > "$CONF" <<CONF
 # No systemd, no accounting: what a test cluster on one machine needs.
@@ -102,11 +105,13 @@ WaitTime=2
 # keeps slurmd from draining nodes smaller than that, nothing binds CPUs (TaskPlugin=task/none) or
 # counts memory (CR_Core, no accounting).
 SlurmdParameters=config_overrides
-NodeName=n[1-2] NodeAddr=127.0.0.1 Port=[17001-17002] CPUs=8 RealMemory=131072 State=UNKNOWN
-PartitionName=debug Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP
+NodeName=n[1-${#NODES[@]}] NodeAddr=127.0.0.1 Port=[17001-1700${#NODES[@]}] CPUs=8 RealMemory=131072 State=UNKNOWN
+PartitionName=debug Nodes=n[1-${#NODES[@]}] Default=YES MaxTime=INFINITE State=UP
 CONF
   # The node names must resolve; a line of ours, removed again by `stop`.
-  if ! getent hosts n1 >/dev/null || ! getent hosts n2 >/dev/null; then
+  local node resolved=1
+  for node in "${NODES[@]}"; do getent hosts "$node" >/dev/null || resolved=0; done
+  if [ "$resolved" = 0 ]; then
     if [ -n "$(tail -c1 /etc/hosts)" ]; then echo >> /etc/hosts; touch "$SLURM_DIR/hosts-newline"; fi
     echo "$HOSTS_LINE" >> /etc/hosts
   fi
@@ -138,7 +143,7 @@ record() {
 
 start() {
   install
-  if [ -f "$PIDS" ] && [ "$(running_ours | wc -l)" -eq 4 ]; then
+  if [ -f "$PIDS" ] && [ "$(running_ours | wc -l)" -eq $((${#NODES[@]} + 2)) ]; then
     echo "the local Slurm of $SLURM_DIR already runs"
   else
     stop >/dev/null  # what a crashed or partial start of ours left
@@ -157,7 +162,7 @@ start() {
     start_munge
     slurmctld -f "$CONF"
     record slurmctld "$SLURM_DIR/slurmctld.pid"
-    for node in n1 n2; do
+    for node in "${NODES[@]}"; do
       slurmd -f "$CONF" -N "$node"
       record slurmd "$SLURM_DIR/slurmd-$node.pid"
     done
@@ -165,7 +170,7 @@ start() {
   fi
   export SLURM_CONF=$CONF
   for _ in $(seq 60); do
-    [ "$(sinfo -h -N -o '%T' 2>/dev/null | grep -c idle)" -eq 2 ] && break
+    [ "$(sinfo -h -N -o '%T' 2>/dev/null | grep -c idle)" -eq ${#NODES[@]} ] && break
     sleep 1
   done
   sinfo -N

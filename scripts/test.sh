@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-# The Slurm tests need a running cluster: start the local two-node one (root only;
+# The Slurm tests need a running cluster: start the local four-node one (root only;
 # elsewhere those tests are skipped with the reason), and stop it afterwards if
 # this run started it. Beside a Slurm that already runs here it starts nothing
 # (exit 4) and the Slurm tests are skipped: the machine's own Slurm is never touched.

@@ -9,6 +9,7 @@ per second on one core (scripts/tiny_models.py builds both; the device check use
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -97,11 +98,20 @@ def tiny_refusion_dir(tmp_path_factory, tiny_qwen3_dir) -> Path:
     return directory
 
 
-# --- Work units for pytest-xdist (scripts/test.sh runs `-n 2 --dist loadgroup`) ----------------
+# --- Work units for pytest-xdist (scripts/test.sh runs `-n 3 --dist loadgroup`) ----------------
 # A unit runs whole on one worker, one test at a time. By default a unit is a file, so its module
 # fixtures are built once. Tests that share a machine resource form one unit whatever their file:
-# - slurm: the local cluster's two nodes, its queue and logs/;
+# - slurm-a, slurm-b: two streams of jobs on the local four-node cluster (scripts/slurm_local.sh), side
+#   by side: a stream's jobs take at most two nodes, so the other stream's --exclusive jobs find two
+#   free. test_slurm_local.py stops and restarts the cluster: it holds the cluster's lock alone
+#   (`slurm_cluster_lock`), the other Slurm tests share it;
 # - torchrun: multi-process or DeepSpeed launches, whose rendezvous takes torch's default port 29500.
+SLURM_STREAMS = {  # about 7 minutes each on two busy cores (--durations, 2026-12-02)
+    "slurm-a": {"test_slurm_local.py", "test_slurm_eval.py::test_pipeline_evaluates_in_shards_after_training",
+                "test_slurm.py::test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapter",
+                "test_slurm.py::test_train_sbatch_runs_on_two_nodes_and_leaves_a_merged_model",
+                "test_slurm_eval.py::test_a_failed_shard_cancels_the_merge_job"},
+}
 TORCHRUN_FILES = {"test_train_cluster.py", "test_train_distributed.py", "test_device_check.py"}
 # Files whose tests start separate expensive engines: one unit per set of module fixtures used
 # (test_vllm_backend: the evaluator's vLLM engine, the data build's, the LoRA one), so that the
@@ -111,7 +121,9 @@ SPLIT_BY_MODULE_FIXTURES = {"test_vllm_backend.py"}
 
 def work_unit(item: pytest.Item) -> str:
     if item.get_closest_marker("slurm"):
-        return "slurm"
+        name = f"{item.path.name}::{item.originalname}"
+        stream = next((s for s, tests in SLURM_STREAMS.items() if item.path.name in tests or name in tests), "slurm-b")
+        return stream
     name = item.path.name
     if name in TORCHRUN_FILES:
         return "torchrun"
@@ -122,8 +134,8 @@ def work_unit(item: pytest.Item) -> str:
     return name
 
 
-# The units that took longest on 2 cores (minutes: the Slurm ones about 15, vLLM's about 16 over
-# its units, the launches about 10), started first; the others follow, most slow tests first.
+# The units that took longest on 2 cores (minutes: the Slurm streams about 7 each, vLLM's about 16
+# over its units, the launches about 10), started first; the others follow, most slow tests first.
 LONGEST_FIRST = ("slurm", "test_vllm_backend.py", "torchrun")
 
 
@@ -144,6 +156,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     slow = {}
     for item, unit in units.items():
         slow[unit] = slow.get(unit, 0) + (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: unit_order(units[item], slow[units[item]]))  # stable: a unit keeps its order
+    # Stable: a unit keeps its order, but for test_slurm_local.py, first in its stream: it needs the cluster
+    # alone, which it gets soonest while the other stream is on its first, short test.
+    items.sort(key=lambda item: (*unit_order(units[item], slow[units[item]]), units[item],
+                                 item.path.name != "test_slurm_local.py"))
     for item, unit in units.items():
         item.add_marker(pytest.mark.xdist_group(unit))
+
+
+SLURM_LOCK = Path("/tmp/headstart-slurm-tests.lock")
+
+
+@pytest.fixture(autouse=True)
+def slurm_cluster_lock(request):
+    """Slurm tests share the local cluster (a shared lock); test_slurm_local.py, which stops and
+    restarts it, takes it alone (`exclusive_slurm_cluster`). Other tests take nothing."""
+    if request.node.get_closest_marker("slurm") is None or request.node.path.name == "test_slurm_local.py":
+        yield
+        return
+    import fcntl
+
+    with SLURM_LOCK.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        yield
+
+
+@contextmanager
+def exclusive_slurm_cluster():
+    """The cluster to one test module alone, once every other Slurm test has let go of it."""
+    import fcntl
+
+    with SLURM_LOCK.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield

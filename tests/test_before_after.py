@@ -46,11 +46,25 @@ def test_before_after_writes_tables_figures_and_wandb_runs_and_reuses_results(tm
     for title in ("Table 1", "Table 2", "Table 3"):
         assert title in report
     assert "→" in report and "figures/speedup_humaneval.png" in report
-    assert (out / "report.html").read_text().count("<table>") == 3
+    assert (out / "report.html").read_text().count("<table>") == 4  # Tables 1-3 and the paired changes
     assert (out / "figures" / "speedup_humaneval.png").stat().st_size > 1000
     assert (out / "figures" / "acceptance.png").stat().st_size > 1000
+    # Paired over the same requests: every change with its interval and verdict, the tests, the figure.
+    assert "## Paired changes: humaneval, after vs before" in report and "figures/paired_differences.png" in report
+    assert "| median residual forwards |" in report and "Wilcoxon signed-rank p = " in report
+    assert (out / "figures" / "paired_differences.png").stat().st_size > 1000
+    summary = json.loads((out / "summary.json").read_text())["humaneval"]
+    paired = summary["after"]["paired_vs_before"]
+    assert "paired_vs_before" not in summary["before"] and paired["requests"] == 2
+    assert paired["lower"] + paired["equal"] + paired["higher"] == 2
+    assert set(paired["differences"]) == {"HumanEval/0", "HumanEval/1"}
+    change = paired["changes"]["forwards_stream_median"]
+    assert change["low"] <= change["estimate"] <= change["high"]
+    assert change["verdict"] in ("lower", "higher", "no measurable change")
     runs = sorted((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 2
+    logged = [next(run.glob("run-*.wandb")).read_bytes() for run in runs]  # offline: each run's .wandb log
+    assert sum(b"humaneval/paired/forwards_stream_median/change" in log for log in logged) == 1  # the after side's
     # A rerun computes nothing new: the per-request results are reused as they are.
     run_before_after(config)
     assert (out / "before" / "humaneval" / "results.jsonl").read_text().splitlines() == before
@@ -107,6 +121,8 @@ def test_a_third_side_is_evaluated_reported_and_logged_like_the_others(tmp_path,
     assert list(summary) == ["before", "after", "distill"]
     report = (out / "report.md").read_text()
     assert "Table 3: acceptance (before → after → distill)" in report and f"distill `{distill}`" in report
+    for side in ("after", "distill"):
+        assert f"## Paired changes: humaneval, {side} vs before" in report
     table2_row = next(line for line in report.splitlines() if line.startswith("| humaneval") and "x →" in line)
     assert table2_row.count("→") == 2 * 6  # each of Table 2's six cells holds three sides
     assert len(sorted((out / "wandb").glob("offline-run-*"))) == 3

@@ -36,7 +36,7 @@ ENTRY_POINTS = {
     "data_builders": (["-m", "data_builders"], "data_builders.config:BuildConfig",
                       ["lmsys", "mbpp", "filters", "caps", "decontamination", "generation"], {}),
     "train/sft.py": (["train/sft.py"], "train.config:TrainRecipe",
-                     ["model", "data", "lora", "run", "training", "refusion", "distill", "wandb"],
+                     ["model", "data", "lora", "run", "training", "refusion", "distill", "sdft", "wandb"],
                      {"run.effective_batch_size": "sequences per optimizer step",
                       "training.learning_rate": "The initial learning rate"}),
     "study": (["benchmarks/study_adaptation.py"], "study_adaptation:StudyConfig", [], {}),

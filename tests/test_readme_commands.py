@@ -103,6 +103,8 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m train.download recipe=llama31_prefix": Checked(),
     "accelerate launch train/sft.py recipe=smollm2_distill": Checked(),
     "accelerate launch train/sft.py recipe=qwen3_distill distill.top_k=64": Checked(),
+    "accelerate launch train/sft.py recipe=smollm2_sdft": Checked(
+        "tests/test_train_sdft.py::test_objective_sdft_through_sft_trains_saves_and_resumes"),
     "accelerate launch --multi_gpu --num_processes 2 train/sft.py recipe=smollm2_prefix": Checked(),
     "accelerate launch --config_file recipes/accelerate/zero3.yaml --num_processes 2 train/sft.py "
     "recipe=smollm2_prefix": Checked(),

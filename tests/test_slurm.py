@@ -148,10 +148,10 @@ def test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapt
     job_id = submitted.stdout.strip().split(";")[0]
     log = REPO / "logs" / f"headstart-train-{job_id}.out"
     deadline = time.monotonic() + 600
-    while "processes: 2" not in (log.read_text() if log.is_file() else ""):  # printed as training starts
+    # USR1 once the first of six steps (3 s or more each) is done (the step delay says so in the log).
+    while not re.search(r"STEP_DELAY_S: step [1-4] done", log.read_text() if log.is_file() else ""):
         assert time.monotonic() < deadline and job_state(job_id) in ("PENDING", "RUNNING"), "training never started"
-        time.sleep(1)
-    time.sleep(4)  # a step or two in, of six at 3 s or more each
+        time.sleep(0.5)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job_id], env=slurm_env(), check=True)
     state = wait_for_end(job_id, 900)
     text = log.read_text()

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import exclusive_slurm_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "slurm_local.sh"
@@ -58,16 +59,17 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module", autouse=True)
 def no_other_slurm():
-    suite_cluster_up = script("status", SUITE_DIR).returncode == 0
-    if suite_cluster_up:
-        assert script("stop", SUITE_DIR).returncode == 0
-    others = running("slurmctld") + running("slurmd")
-    if others:
-        pytest.skip(f"a Slurm runs on this machine (pids {others}); these tests never touch it")
-    yield
-    if suite_cluster_up:
-        restarted = script("start", SUITE_DIR)
-        assert restarted.returncode == 0, restarted.stderr
+    with exclusive_slurm_cluster():  # no other Slurm test runs on the suite's cluster meanwhile (conftest.py)
+        suite_cluster_up = script("status", SUITE_DIR).returncode == 0
+        if suite_cluster_up:
+            assert script("stop", SUITE_DIR).returncode == 0
+        others = running("slurmctld") + running("slurmd")
+        if others:
+            pytest.skip(f"a Slurm runs on this machine (pids {others}); these tests never touch it")
+        yield
+        if suite_cluster_up:
+            restarted = script("start", SUITE_DIR)
+            assert restarted.returncode == 0, restarted.stderr
 
 
 @pytest.fixture
@@ -110,12 +112,12 @@ def test_start_records_its_daemons_and_stop_ends_them_and_cleans_up(slurm_dir):
     started = script("start", slurm_dir)
     assert started.returncode == 0, started.stderr
     daemons = recorded(slurm_dir)
-    assert sorted(daemons) == ["munged", "slurmctld", "slurmd"] and len(daemons["slurmd"]) == 2
+    assert sorted(daemons) == ["munged", "slurmctld", "slurmd"] and len(daemons["slurmd"]) == 4
     pids = [pid for group in daemons.values() for pid in group]
     assert all(alive(pid) and slurm_dir in Path(f"/proc/{pid}/cmdline").read_text() for pid in pids)
     env = dict(os.environ, SLURM_CONF=f"{slurm_dir}/slurm.conf")
     nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=env, capture_output=True, text=True)
-    assert nodes.stdout.split() == ["idle", "idle"], nodes.stderr
+    assert nodes.stdout.split() == ["idle"] * 4, nodes.stderr
     again = script("start", slurm_dir)  # a second start keeps the running cluster
     assert again.returncode == 0 and "already runs" in again.stdout and recorded(slurm_dir) == daemons
     stopped = script("stop", slurm_dir)

@@ -148,7 +148,7 @@ def test_before_after_report_shows_the_typing_simulation_in_markdown_html_and_wa
         assert f"Typing-time simulation, {side} (policy `finish`)" in report and f"Typing-time simulation, {side}" in page
         assert (out / "figures" / f"typing_{side}.png").stat().st_size > 1000
         assert "typing_unlimited_time_to_answer_median" in summaries["humaneval"][side]
-    assert page.count("<table>") == 5 and "cpm:800" in page
+    assert page.count("<table>") == 6 and "cpm:800" in page  # Tables 1-3, paired changes, a typing table per side
     runs = sorted((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 2
     for run in runs:  # each side's run holds the typing figures and numbers (offline: in its .wandb log)

@@ -94,13 +94,22 @@ def process_device(state: PartialState) -> tuple[int, str]:
 
 def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
                placement: tuple[int, str] | None = None) -> SFTConfig:
+    """TRL's SFTConfig of `trainer_arguments`; values TRL refuses are its own error, in one line."""
+    arguments = trainer_arguments(recipe, recipe_name, output_dir, world_size, evaluate, placement)
+    try:
+        return SFTConfig(**arguments)
+    except (ValueError, TypeError) as error:
+        raise RecipeValueError(f"training: TRL's SFTConfig refuses it: {error_line(error)}") from error
+
+
+def trainer_arguments(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
+                      placement: tuple[int, str] | None = None) -> dict:
     """TRL arguments: the recipe's `training:` section as it is, and what this launch decides:
     per-device batch, accumulation and learning rate from the batch plan of this world size
     (train/batch.py), precision, evaluation, the process group's backend and, for refusion and
     distill, TRL keeping the tokenized parts as they are (the objective's collator lays them
     out; refusion also hands TRL the model already loaded, with its tokens added). `placement`:
-    the node's GPUs and this process's device (`process_device`; default the current process's).
-    Values TRL refuses are its own error, in one line."""
+    the node's GPUs and this process's device (`process_device`; default the current process's)."""
     t = recipe.training
     plan = batch_plan(recipe, world_size)
     own_layout = recipe.objective in ("refusion", "distill")
@@ -123,10 +132,7 @@ def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_si
         remove_unused_columns=not own_layout,
         dataset_kwargs={"skip_prepare_dataset": True} if own_layout else None,
     )
-    try:
-        return SFTConfig(**arguments)
-    except (ValueError, TypeError) as error:
-        raise RecipeValueError(f"training: TRL's SFTConfig refuses it: {error_line(error)}") from error
+    return arguments
 
 
 def lora_config(recipe: TrainRecipe) -> LoraConfig:

@@ -18,10 +18,12 @@ from typing import Any
 from headstart.config import RecipeError
 from headstart.paths import outputs_dir
 
-OBJECTIVES = ("sft", "refusion", "distill")
+OBJECTIVES = ("sft", "refusion", "distill", "sdft")
 # The trackers train/sft.py configures (train/tracking.py); none: no tracker.
 TRACKERS = ("tensorboard", "wandb", "none")
 DIVERGENCES = ("forward", "reverse")
+# TRL SDFTConfig.distillation_mode values.
+SDFT_MODES = ("topk_logits", "full_logits", "sampled_token")
 
 
 @dataclass
@@ -158,6 +160,28 @@ class DistillSection:
 
 
 @dataclass
+class SdftSection:
+    """The SDFTConfig fields of `objective: sdft` worth choosing (train/sdft.py sets the others)."""
+
+    max_completion_length: int = field(
+        default=128, metadata={"help": "tokens the student drafts per prompt (its generation cap); the teacher "
+                                       "prompt plus this must fit in training.max_length"})
+    num_generations: int = field(
+        default=1, metadata={"help": "drafts per prompt; the effective batch must be a multiple (1: as many "
+                                     "distinct prompts per step as sft and distill see rows)"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of the drafts (also divides "
+                                                              "both models' logits in the loss, as TRL does)"})
+    distillation_mode: str = field(
+        default="topk_logits",
+        metadata={"help": "TRL's loss: topk_logits (over the student's top-k tokens), full_logits (full vocabulary) "
+                          "or sampled_token (reverse KL on the drafted tokens; needs distillation_alpha=1)"})
+    distillation_topk: int = field(default=100, metadata={"help": "k of topk_logits"})
+    distillation_alpha: float = field(
+        default=0.5, metadata={"help": "0: KL(teacher || student), 1: KL(student || teacher), between: the "
+                                       "generalized Jensen-Shannon divergence (TRL's default 0.5)"})
+
+
+@dataclass
 class WandbSection:
     project: str | None = field(default=None, metadata={"help": "W&B project; unset (and no WANDB_PROJECT) = offline run"})
     entity: str | None = field(default=None, metadata={"help": "W&B entity (team or user)"})
@@ -179,6 +203,10 @@ class TrainRecipe:
     refusion: RefusionSection = field(default_factory=RefusionSection, metadata={"help": "ReFusion slot objective settings"})
     distill: DistillSection = field(
         default_factory=DistillSection, metadata={"help": "self-distillation from the full request (objective: distill)"}
+    )
+    sdft: SdftSection = field(
+        default_factory=SdftSection,
+        metadata={"help": "on-policy self-distillation, TRL's SDFTTrainer (objective: sdft; train/sdft.py)"},
     )
     wandb: WandbSection = field(default_factory=WandbSection, metadata={"help": "Weights & Biases run"})
 

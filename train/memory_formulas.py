@@ -256,6 +256,9 @@ def head_bytes(arch: Architecture, objective: str, top_k: int = 0, rows: int = 1
         return Head(saved=4 * v, peak=12 * v)
     if objective == "distill":  # student log-softmax, the teacher's p and the KL's mask (full vocabulary)
         return Head(saved=9 * v, peak=25 * v) if top_k == 0 else Head(saved=4 * v, peak=12 * v)
+    if objective == "sdft":  # TRL's head and its generation's KV cache: neither derived nor measured here
+        raise ValueError("objective sdft: train.memory has no model of TRL's SDFT head or of the KV cache of its "
+                         "drafting; estimate the distill twin (same base, LoRA, batch and length) and add the cache")
     raise ValueError(f"objective {objective!r}: sft, refusion or distill")
 
 

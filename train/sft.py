@@ -1,4 +1,4 @@
-"""Fine-tuning of a LoRA adapter on prefix-to-answer dialogues: `objective: sft`, `refusion` or `distill`.
+"""Fine-tuning of a LoRA adapter on prefix-to-answer dialogues: `objective: sft`, `refusion`, `distill` or `sdft`.
 
     accelerate launch train/sft.py recipe=qwen3_prefix [training.learning_rate=1e-4 ...]
     accelerate launch --config_file recipes/accelerate/zero3.yaml train/sft.py recipe=qwen3_prefix
@@ -13,7 +13,8 @@ trackers, TRL configuration, model (ReFusion adds its tokens), trainer, training
 adapter, and the merged model (float32, on the main process alone: no other rank
 waits on it). `objective: refusion` swaps in the slot layout and loss of
 train/refusion.py, `objective: distill` the student/teacher batches and KL loss of
-train/distill.py; everything else (LoRA, accelerate, DeepSpeed, checkpoints) is shared.
+train/distill.py, `objective: sdft` TRL's on-policy SDFTTrainer (train/sdft.py);
+everything else (LoRA, accelerate, DeepSpeed, checkpoints) is shared.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from train.distill import DistillCollator, DistillTrainer  # noqa: E402
 from train.provenance import answer_models, check_answer_models  # noqa: E402
 from train.refusion import RefusionTrainer, add_trainable_tokens  # noqa: E402
 from train.relaunch import check_inputs, check_run_dir, mark_run  # noqa: E402
+from train.sdft import sdft_config, sdft_rows, sdft_trainer  # noqa: E402
 from train.tokenization import check_fits, resolve_training_system, tokenize_dataset, trained_system_record  # noqa: E402
 from train.topology import Topology, check_resume, launch_topology  # noqa: E402
 from train.tracking import ResolvedConfigToWandb, configure_trackers, finish_trackers  # noqa: E402
@@ -121,21 +123,27 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState, system: str |
         train = load_split(recipe.data.path, recipe.data.train_split)
         if train is None:
             raise ValueError(f"{recipe.data.path} has no split {recipe.data.train_split!r}")
-        notes = check_answer_models(train, recipe.data.path, recipe.model.name_or_path,
-                                    recipe.data.answers_from_other_model)
+        sdft = recipe.objective == "sdft"  # trains on its own drafts: the rows' answers, whoever wrote them, unused
+        notes = [] if sdft else check_answer_models(train, recipe.data.path, recipe.model.name_or_path,
+                                                    recipe.data.answers_from_other_model)
         if recipe.data.max_train_samples:
             train = train.select(range(min(recipe.data.max_train_samples, len(train))))
         record = {**trained_system_record(system, train),
-                  "answer_models": sorted(answer_models(train, recipe.data.path) or []) or None}
-        train = tokenize_dataset(train, tokenizer, family, system, recipe.objective)
-        check_fits(train, recipe.training["max_length"], recipe.data.train_split)
+                  "answer_models": None if sdft else sorted(answer_models(train, recipe.data.path) or []) or None}
+        if sdft:
+            train = sdft_rows(train, tokenizer, family, system, recipe, recipe.data.train_split)
+        else:
+            train = tokenize_dataset(train, tokenizer, family, system, recipe.objective)
+            check_fits(train, recipe.training["max_length"], recipe.data.train_split)
         evaluation = None
         if recipe.data.eval_split and (recipe.training["eval_steps"] or 0) > 0:
             evaluation = load_split(recipe.data.path, recipe.data.eval_split)
             if evaluation is not None:
                 if recipe.data.max_eval_samples:
                     evaluation = evaluation.select(range(min(recipe.data.max_eval_samples, len(evaluation))))
-                evaluation = tokenize_dataset(evaluation, tokenizer, family, system, recipe.objective)
+                evaluation = (sdft_rows(evaluation, tokenizer, family, system, recipe, recipe.data.eval_split)
+                              if sdft else
+                              tokenize_dataset(evaluation, tokenizer, family, system, recipe.objective))
     if state.is_main_process:
         for note in notes:
             print(note, flush=True)
@@ -197,7 +205,8 @@ def main(argv: list[str]) -> None:
     resume_notes = check_resume(checkpoint, topology, recipe) if checkpoint else []
     # TRL's own checks of the `training:` values, before any download (built again below, once
     # the data says whether there is an evaluation split).
-    sft_config(recipe, recipe_name, output_dir, state.num_processes, False, process_device(state))
+    trainer_config = sdft_config if recipe.objective == "sdft" else sft_config
+    trainer_config(recipe, recipe_name, output_dir, state.num_processes, False, process_device(state))
     if state.is_main_process:
         for note in plan.notes():
             print(note, flush=True)
@@ -226,7 +235,7 @@ def main(argv: list[str]) -> None:
 
     # --- Model and trainer -----------------------------------------------------
     evaluate = eval_data is not None
-    args = sft_config(recipe, recipe_name, output_dir, state.num_processes, evaluate, process_device(state))
+    args = trainer_config(recipe, recipe_name, output_dir, state.num_processes, evaluate, process_device(state))
     keep_one_gpu(args, distributed=state.distributed_type != DistributedType.NO)
     stop = stop_on_request()  # preemption (slurm/train.sbatch): checkpoint and stop when asked
     model, peft_config, trainer_class, collator, objective_kwargs = model_dir, lora_config(recipe), SFTTrainer, None, {}
@@ -241,6 +250,8 @@ def main(argv: list[str]) -> None:
         trainer_class = DistillTrainer
         collator = DistillCollator(pad_token_id=tokenizer.pad_token_id, max_length=recipe.training["max_length"])
         objective_kwargs = {"divergence": recipe.distill.divergence, "top_k": recipe.distill.top_k}
+    elif recipe.objective == "sdft":
+        trainer_class = sdft_trainer  # TRL's: student drafts, the adapter-off teacher scores them
     trainer = trainer_class(
         model=model,
         args=args,

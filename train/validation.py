@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 from headstart.prompts import canonical_system_setting
-from train.config import DIVERGENCES, OBJECTIVES, TRACKERS, RecipeValueError, TrainRecipe
+from train.config import DIVERGENCES, OBJECTIVES, SDFT_MODES, TRACKERS, RecipeValueError, SdftSection, TrainRecipe
 from train.sft_fields import check_training_section
 
 
@@ -35,6 +35,7 @@ def validate(recipe: TrainRecipe) -> TrainRecipe:
         raise RecipeValueError(f"data.system_message: {error}") from error
     validate_refusion(recipe)
     validate_distill(recipe)
+    validate_sdft(recipe)
     return recipe
 
 
@@ -114,3 +115,34 @@ def validate_distill(recipe: TrainRecipe) -> None:
             "objective: distill pads its student and teacher batches itself; set training.packing and "
             "training.padding_free to false"
         )
+
+
+def validate_sdft(recipe: TrainRecipe) -> None:
+    """`sdft:` settings are for objective: sdft alone (elsewhere they would be silently unused);
+    the values TRL's SDFTConfig would take but misuse. The batch against num_generations is
+    checked with the batch plan (train/sdft.py `sdft_config`)."""
+    s = recipe.sdft
+    if recipe.objective != "sdft":
+        if s != SdftSection():
+            raise RecipeValueError(f"sdft.* settings apply to objective: sdft only; this recipe's objective is "
+                                   f"{recipe.objective}: leave the sdft section out")
+        return
+    if s.distillation_mode not in SDFT_MODES:
+        raise RecipeValueError(f"sdft.distillation_mode {s.distillation_mode!r}: use {', '.join(SDFT_MODES)}")
+    for name, value in (("max_completion_length", s.max_completion_length), ("num_generations", s.num_generations),
+                        ("distillation_topk", s.distillation_topk)):
+        if value < 1:
+            raise RecipeValueError(f"sdft.{name} must be >= 1, got {value}")
+    if not s.temperature > 0:
+        raise RecipeValueError(f"sdft.temperature must be > 0, got {s.temperature}")
+    if not 0 <= s.distillation_alpha <= 1:
+        raise RecipeValueError(f"sdft.distillation_alpha must be in [0, 1], got {s.distillation_alpha}")
+    if s.distillation_mode == "sampled_token" and s.distillation_alpha != 1:
+        raise RecipeValueError("sdft.distillation_mode=sampled_token is TRL's reverse KL only: set "
+                               "sdft.distillation_alpha=1")
+    if s.max_completion_length >= recipe.training["max_length"]:
+        raise RecipeValueError(f"sdft.max_completion_length={s.max_completion_length} leaves no room for the prompt "
+                               f"in training.max_length={recipe.training['max_length']}")
+    if recipe.training.get("packing") or recipe.training.get("padding_free"):
+        raise RecipeValueError("objective: sdft batches TRL's own drafts (SDFTConfig has no packing); set "
+                               "training.packing and training.padding_free to false")

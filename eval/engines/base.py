@@ -28,7 +28,7 @@ class UpdateResult:
     draft_length: int
     accepted: int
     forwards: int
-    seconds: float
+    seconds: float | None  # None: counted from tokens decoded in a batch, not timed (the fast path's count mode)
 
 
 @dataclass

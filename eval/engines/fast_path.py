@@ -11,6 +11,13 @@ in padded batches; only the timed parts (baseline and final update) run at batch
 Regeneration is greedy under every rule, so the drafts do not depend on the
 regeneration mode; with `lookup` an update's forwards are computed from the
 tokens by `eval.engines.lookup.update_forwards`, the rule the engine executes.
+
+Count mode (`timed_every` > 1, greedy only): a request that is not timed gets
+D_n = greedy(S_n) decoded in the same batch as its drafts, and every count of its
+record follows from D_1..D_n: the residual update is the one from D_{n-1} to D_n,
+the plain baseline costs len(D_n) forwards (PROTOCOL.md: 1 prefill, L-1 steps),
+the lookup baseline the lookup decoder's forwards over D_n with the request as
+its only source. Nothing of it is timed: its seconds are None.
 """
 
 from __future__ import annotations
@@ -123,24 +130,47 @@ class TransformersDrafter:
 
 @dataclass
 class Drafting:
-    """What drafting left for the final update: D_1..D_{n-1}, and its forwards."""
+    """What drafting left for the final update: D_1..D_{n-1}, and its forwards; for a
+    request counted, not timed, also D_n (`answer`, decoded in the drafts' batch)."""
 
     drafts: list[list[int]]
     forwards: int
+    answer: list[int] | None = None
+
+
+def greedy_update(answers: list[list[int]], prompts: list[list[int]], index: int, decode: DecodeSpec,
+                  eos_token_ids: set[int]) -> UpdateResult:
+    """Update `index` of a request under `greedy`, where D_i = greedy(S_i): it holds
+    D_{index-1} (none at the first), keeps its common prefix with D_index and ends with
+    D_index; its forwards computed from the tokens, untimed."""
+    held = answers[index - 1] if index else []
+    answer = answers[index]
+    accepted = common_prefix_length(held, answer)
+    earlier = answers[: max(index - 1, 0)][::-1]
+    forwards = update_cost(held, answer, accepted, earlier, prompts[index], decode, eos_token_ids)
+    return UpdateResult(answer, len(held), accepted, forwards, None)
 
 
 def greedy_drafting(
-    drafts: list[list[int]], prompts: list[list[int]], decode: DecodeSpec, eos_token_ids: set[int]
+    drafts: list[list[int]], prompts: list[list[int]], decode: DecodeSpec, eos_token_ids: set[int],
+    answer: list[int] | None = None,
 ) -> Drafting:
-    """Drafting of one request under `greedy`, where D_i = greedy(S_i): the draft kept
-    at update i is the common prefix of D_{i-1} and D_i."""
-    forwards = 0
-    for index, answer in enumerate(drafts):
-        held = drafts[index - 1] if index else []
-        earlier = drafts[: max(index - 1, 0)][::-1]
-        accepted = common_prefix_length(held, answer)
-        forwards += update_cost(held, answer, accepted, earlier, prompts[index], decode, eos_token_ids)
-    return Drafting(drafts, forwards)
+    """Drafting of one request under `greedy` (D_1..D_{n-1}); `answer`: D_n, for a request counted, not timed."""
+    forwards = sum(greedy_update(drafts, prompts, index, decode, eos_token_ids).forwards for index in range(len(drafts)))
+    return Drafting(drafts, forwards, answer)
+
+
+def counted_results(prompts: list[list[int]], drafting: Drafting, decode: DecodeSpec,
+                    eos_token_ids: set[int]) -> tuple[UpdateResult, UpdateResult | None, UpdateResult]:
+    """A request counted, not timed: its plain baseline, lookup baseline (None when
+    regenerating plainly) and final update, from D_1..D_n alone."""
+    answer, prompt = drafting.answer, prompts[-1]
+    baseline = UpdateResult(answer, 0, 0, len(answer), None)
+    lookup = None
+    if decode.lookup:
+        lookup = UpdateResult(answer, 0, 0, update_cost([], answer, 0, [], prompt, decode, eos_token_ids), None)
+    final = greedy_update([*drafting.drafts, answer], prompts, len(prompts) - 1, decode, eos_token_ids)
+    return baseline, lookup, final
 
 
 def round_drafts(drafter: Drafter, prompts: list[list[list[int]]], decode: DecodeSpec, eos_token_ids: set[int]) -> list[Drafting]:

@@ -12,7 +12,7 @@ from typing import Any
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Aggregate results; requests where either side answered nothing are excluded
     from every column alike."""
-    valid = [r for r in records if r["base_answer"].strip() and r["stream_answer"].strip()]
+    valid = [r for r in records if is_answered(r)]
     summary: dict[str, Any] = {"requests": len(records), "excluded_empty": len(records) - len(valid), "evaluated": len(valid)}
     if not valid:
         return summary
@@ -25,7 +25,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     if contained:
         summary["containment"] = dict(sorted(contained.items()))
     speedup_forwards = [r["baseline_forwards"] / r["residual_forwards"] for r in valid]
-    speedup_wall = [r["baseline_seconds"] / r["residual_seconds"] for r in valid]
+    # Count mode (EvalConfig.timed_every) times a sample: wall clock over the timed requests alone.
+    timed = [r for r in valid if r["residual_seconds"] is not None]
+    speedup_wall = [r["baseline_seconds"] / r["residual_seconds"] for r in timed]
+    summary["timed"] = len(timed)
     kept = [r["accepted_tokens"] / r["draft_tokens"] for r in valid if r["draft_tokens"]]
     summary.update(
         quality_base=_mean(r["base_score"] for r in scored),
@@ -35,8 +38,6 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         forwards_stream_median=statistics.median(r["residual_forwards"] for r in valid),
         speedup_forwards_mean=_mean(speedup_forwards),
         speedup_forwards_median=statistics.median(speedup_forwards),
-        speedup_wall_mean=_mean(speedup_wall),
-        speedup_wall_median=statistics.median(speedup_wall),
         acceptance_none=_mean(r["accepted_tokens"] == 0 for r in valid),
         acceptance_all=_mean(r["accepted_tokens"] == r["draft_tokens"] > 0 for r in valid),
         # Counted, not 1 - none - all: that difference of floats printed as "-0%".
@@ -49,11 +50,14 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         total_cost_mean=_mean((r["drafting_forwards"] + r["residual_forwards"]) / r["baseline_forwards"] for r in valid),
         identical_to_baseline=_mean(r["identical"] for r in valid),
     )
+    if speedup_wall:
+        summary.update(speedup_wall_mean=_mean(speedup_wall), speedup_wall_median=statistics.median(speedup_wall))
     if all("lookup_baseline_forwards" in r for r in valid):
         summary |= _against_lookup_baseline(valid)
     for name, values in (("forwards", speedup_forwards), ("wall", speedup_wall)):
         for bound in (1.0, 0.9, 0.8):
-            summary[f"below_{bound:g}x_{name}"] = _mean(v < bound for v in values)
+            if values:
+                summary[f"below_{bound:g}x_{name}"] = _mean(v < bound for v in values)
     return summary
 
 
@@ -61,15 +65,22 @@ def _against_lookup_baseline(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Speedups against the lookup decoder with the request as its only source
     (`regenerate=lookup`): what streaming adds beyond lookup decoding."""
     forwards = [r["lookup_baseline_forwards"] / r["residual_forwards"] for r in records]
-    wall = [r["lookup_baseline_seconds"] / r["residual_seconds"] for r in records]
-    return {
+    wall = [r["lookup_baseline_seconds"] / r["residual_seconds"] for r in records if r["residual_seconds"] is not None]
+    summary = {
         "forwards_lookup_base_median": statistics.median(r["lookup_baseline_forwards"] for r in records),
         "speedup_lookup_forwards_mean": _mean(forwards),
         "speedup_lookup_forwards_median": statistics.median(forwards),
-        "speedup_lookup_wall_mean": _mean(wall),
-        "speedup_lookup_wall_median": statistics.median(wall),
         "lookup_baseline_identical": _mean(r["lookup_baseline_identical"] for r in records),
     }
+    if wall:
+        summary.update(speedup_lookup_wall_mean=_mean(wall), speedup_lookup_wall_median=statistics.median(wall))
+    return summary
+
+
+def is_answered(record: dict[str, Any]) -> bool:
+    """Both answers non-empty: a request every column counts (PROTOCOL.md: an empty answer on either side
+    excludes it from all alike)."""
+    return bool(record["base_answer"].strip() and record["stream_answer"].strip())
 
 
 def is_skipped(record: dict[str, Any]) -> bool:

@@ -95,3 +95,30 @@ def typing_curve(typing: dict[str, dict[str, Any]], path: Path) -> Path:
     axes.set_title(f"Time to answer while typing (policy {next(iter(typing.values()))['policy']})")
     axes.legend(fontsize="x-small")
     return save_figure(figure, path)
+
+
+def paired_differences(differences: dict[str, dict[str, list[float]]], path: Path) -> Path:
+    """Per-request residual forwards of each adapted side minus the base's, one panel per
+    benchmark: the differences sorted (x: share of requests), zero line, median dashed."""
+    benchmarks = list(differences)
+    figure, panels = plt.subplots(1, len(benchmarks), figsize=(4.5 * len(benchmarks), 3.5), squeeze=False)
+    for axes, benchmark in zip(panels[0], benchmarks):
+        sides = differences[benchmark]
+        # colours as in every other figure: the base keeps grey, so the sides start at blue
+        for side, color in side_colors(["before", *sides])[1:]:
+            values = np.sort(np.asarray(sides[side], dtype=float))
+            if not values.size:
+                continue
+            share = (np.arange(values.size) + 0.5) / values.size
+            median = float(np.median(values))
+            axes.bar(share, values, width=1 / values.size, color=color, alpha=0.6,
+                     label=f"{side} - before (median {median:+g}; {int((values < 0).sum())} lower, "
+                           f"{int((values > 0).sum())} higher)")
+            axes.axhline(median, color=color, linestyle="--", linewidth=1)
+        axes.axhline(0, color="black", linewidth=0.8)
+        axes.set_xlim(0, 1)
+        axes.set_xlabel("requests, sorted by difference (share)")
+        axes.set_ylabel("residual forwards, side - before")
+        axes.set_title(f"{benchmark}: paired differences")
+        axes.legend(fontsize="x-small")
+    return save_figure(figure, path)

@@ -7,6 +7,7 @@ from typing import Any
 # (header, summary key, format); pass rates and shares are percentages.
 COLUMNS = [
     ("n", "evaluated", "{:g}"),
+    ("timed", "timed", "{:g}"),  # requests with wall clock (all but in count mode, EvalConfig.timed_every)
     ("quality base", "quality_base", "{:.1%}"),
     ("quality stream", "quality_stream", "{:.1%}"),
     ("fwd base (med)", "forwards_base_median", "{:g}"),
@@ -42,10 +43,13 @@ def markdown_table(summaries: dict[str, dict[str, Any]]) -> str:
 
 
 def _cell(summary: dict[str, Any], key, fmt: str) -> str:
+    """One cell; a cell of several values ("a/b") shows "-" for each one the summary lacks
+    (wall clock, when no request of a count-mode run was timed)."""
     keys = key if isinstance(key, tuple) else (key,)
-    if any(k not in summary for k in keys):
+    if all(k not in summary for k in keys):
         return "-"
-    return fmt.format(*(summary[k] for k in keys))
+    parts = fmt.split("/") if len(keys) > 1 else [fmt]
+    return "/".join(part.format(summary[k]) if k in summary else "-" for k, part in zip(keys, parts))
 
 
 # Table 1: what streaming does to answer quality (per benchmark, macro average).

@@ -17,8 +17,9 @@ def wandb_mode(project: str | None) -> str:
     return os.environ.get("WANDB_MODE", "online") if configured else "offline"
 
 
-def log_side(config, side: str, summaries, records, figures: list[Path], resolved: dict[str, Any]) -> str:
-    """One run per side in a shared group: summary metrics, per-request table, figures, configs.
+def log_side(config, side: str, summaries, records, figures: list[Path], resolved: dict[str, Any], paired=None) -> str:
+    """One run per side in a shared group: summary metrics, paired changes against the base
+    (`paired[benchmark][side]`, eval.reporting.paired), per-request table, figures, configs.
     Returns the run directory."""
     import wandb
 
@@ -37,9 +38,23 @@ def log_side(config, side: str, summaries, records, figures: list[Path], resolve
         for key, value in sides[side].items():
             if isinstance(value, (int, float)):
                 run.summary[f"{benchmark}/{key}"] = value
+    for benchmark, sides in (paired or {}).items():
+        if side in sides:
+            for key, value in paired_numbers(sides[side]).items():
+                run.summary[f"{benchmark}/paired/{key}"] = value
     rows = [[benchmark] + [r.get(c) for c in RECORD_COLUMNS] for benchmark in records for r in records[benchmark][side]]
     run.log({"requests": wandb.Table(columns=["benchmark", *RECORD_COLUMNS], data=rows)})
     run.log({path.stem: wandb.Image(str(path)) for path in figures})
     directory = run.dir
     run.finish()
     return directory
+
+
+def paired_numbers(comparison) -> dict[str, Any]:
+    """A PairedComparison flattened: each change's estimate, low, high and verdict; tests and counts."""
+    numbers: dict[str, Any] = {k: getattr(comparison, k) for k in ("requests", "wall_requests", "quality_requests", "lower",
+                                                                   "equal", "higher", "wilcoxon_p", "sign_p")}
+    for name, change in comparison.changes.items():
+        numbers |= {f"{name}/change": change.estimate, f"{name}/low": change.low, f"{name}/high": change.high,
+                    f"{name}/verdict": change.verdict}
+    return numbers

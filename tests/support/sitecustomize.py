@@ -4,7 +4,7 @@ Python imports this module at start-up when tests/support is on PYTHONPATH
 (tests/test_train_support.py `slow_training_env` puts it there); train/ knows nothing of it.
 - HEADSTART_TEST_STEP_DELAY_S: every transformers Trainer sleeps that long after each
   optimizer step, which leaves a test time to kill a run between two checkpoints, as a
-  preempted cluster job would be.
+  preempted cluster job would be; it prints "HEADSTART_TEST_STEP_DELAY_S: step N done" first.
 - HEADSTART_TEST_MERGE_DELAY_S: `train.merge.merge_adapter` sleeps that long first (a merge
   that outlasts a collective timeout).
 - HEADSTART_TEST_EXIT_BARRIER_S: torchrun's exit barrier lasts that long instead of 300 s.
@@ -62,6 +62,8 @@ def delay_steps(seconds: float) -> Callable[[ModuleType], None]:
 
         class StepDelay(TrainerCallback):
             def on_step_end(self, args, state, control, **kwargs):
+                # A line a test can wait for (the progress bar reaches a Slurm log only at its next newline).
+                print(f"{STEP_DELAY_ENV}: step {state.global_step} done", flush=True)
                 time.sleep(seconds)
                 return control
 
