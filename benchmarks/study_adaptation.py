@@ -76,6 +76,8 @@ class StudyConfig:
     benchmarks: list[str] = field(default_factory=lambda: ["humaneval", "mbpp"], metadata={"help": "Evaluated benchmarks."})
     data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark, e.g. {mbpp: path}."})
     limit: int | None = field(default=None, metadata={"help": "Requests per benchmark (the first N test problems); null: all."})
+    backend: str = field(default="transformers", metadata={"help": "Fast-path drafting backend of every evaluation."})
+    fast_batch_size: int = field(default=32, metadata={"help": "Prefixes decoded together (raise it with backend=vllm)."})
     timed_every: int = field(
         default=1,
         metadata={"help": "Count mode of every evaluation (EvalConfig.timed_every): time every N-th request, count the "
@@ -273,7 +275,9 @@ def run_study(config: StudyConfig) -> None:
     report = BeforeAfterConfig(model=config.model, adapted=str(adapters[first]),
                                more_adapted={name: str(adapters[name]) for name in more}, benchmarks=config.benchmarks,
                                data_paths=config.data_paths, limit=config.limit, decode=config.decode,
-                               timed_every=config.timed_every, output_dir=str(output / "report"), wandb_group=config.group)
+                               timed_every=config.timed_every, backend=config.backend,
+                               fast_batch_size=config.fast_batch_size, output_dir=str(output / "report"),
+                               wandb_group=config.group)
     with timed(output, "evaluate base and adapted"):
         summaries = run_before_after(report)
 

@@ -68,6 +68,14 @@ class BeforeAfterConfig:
         default="incomplete",
         metadata={"help": "System message for both sides: 'incomplete', 'model' or text."},
     )
+    backend: str = field(
+        default="transformers",
+        metadata={"help": "Fast-path drafting of both sides on 'transformers' or 'vllm' (EvalConfig.backend)."},
+    )
+    fast_batch_size: int = field(
+        default=32,
+        metadata={"help": "Prefixes decoded together on the fast path (EvalConfig.fast_batch_size; raise it with vllm)."},
+    )
     timed_every: int = field(
         default=1,
         metadata={"help": "Count mode of both sides (EvalConfig.timed_every): time every N-th request, count the others "
@@ -123,6 +131,8 @@ def side_config(config: BeforeAfterConfig, side: str, benchmark: str) -> EvalCon
         decode=config.decode,
         system_prompt=config.system_prompt,
         timed_every=config.timed_every,
+        backend=config.backend,
+        fast_batch_size=config.fast_batch_size,
         device=config.device,
         dtype=config.dtype,
         typing=config.typing,

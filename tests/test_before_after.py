@@ -9,7 +9,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 
-from eval.before_after import BeforeAfterConfig, main, run_before_after
+from eval.before_after import BeforeAfterConfig, main, run_before_after, side_config
 from eval.engines.decode import DecodeSpec
 from headstart.config import load_config
 from headstart.models import load_model
@@ -73,6 +73,16 @@ def test_before_after_writes_tables_figures_and_wandb_runs_and_reuses_results(tm
 def test_before_after_recipe_validates():
     for path in sorted((RECIPES_DIR / "before_after").rglob("*.yaml")):
         assert isinstance(load_config(BeforeAfterConfig, [f"recipe={path}"]), BeforeAfterConfig)
+
+
+def test_both_sides_get_the_drafting_and_timing_settings():
+    config = BeforeAfterConfig(model="base", adapted="adapter", more_adapted={"sdft": "other"}, backend="vllm",
+                               fast_batch_size=256, timed_every=20)
+    for side in config.sides:
+        evaluation = side_config(config, side, "humaneval")
+        assert (evaluation.backend, evaluation.fast_batch_size, evaluation.timed_every) == ("vllm", 256, 20), side
+    with pytest.raises(ValueError, match="timed_every=20 counts requests from greedy drafts"):
+        BeforeAfterConfig(timed_every=20, decode=DecodeSpec(acceptance="threshold:0.9"))
 
 
 def test_before_after_refuses_a_retrained_adapter_at_the_same_path(tmp_path, tiny_qwen3_dir, monkeypatch):

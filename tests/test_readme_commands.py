@@ -135,11 +135,13 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "benchmarks=[humaneval,mbpp] data_paths='{mbpp: data/mbpp/mbpp.jsonl}' limit=40": Checked(),
     "python -m eval.before_after recipe=before_after_smollm2 adapted=outputs/train/smollm2_prefix/adapter "
     "more_adapted='{distill: outputs/train/smollm2_distill/adapter}'": Checked(),
+    "python -m eval.before_after recipe=before_after_smollm2 limit=null timed_every=20 backend=vllm fast_batch_size=256":
+        Checked("tests/test_count_mode.py::test_counted_records_equal_the_step_by_step_engines"),
     "python benchmarks/study_adaptation.py recipe=study_smollm2": Checked(),
     "python benchmarks/study_adaptation.py recipe=study_smollm2 data_recipe=embedded_prefix max_steps=2 "
-    "curve_points=2 sweep_steps=1 learning_rates=[1e-3] limit=2 benchmarks=[humaneval] "
+    "objective_steps.sdft=2 curve_points=2 sweep_steps=1 learning_rates=[1e-3] limit=2 benchmarks=[humaneval] "
     "output_dir=/tmp/study_smoke": Checked(),
-    # Slurm: the same scripts run on the local two-node cluster with CPU options (tests/test_slurm.py)
+    # Slurm: the same scripts run on the local four-node cluster with CPU options (tests/test_slurm.py)
     "sbatch slurm/train.sbatch recipe=qwen3_prefix training.learning_rate=1e-4": Checked(
         "tests/test_slurm.py::test_train_sbatch_runs_on_two_nodes_and_leaves_a_merged_model"),
     "sbatch --nodes 4 slurm/train.sbatch recipe=qwen3_prefix run.keep_effective_batch=false": Checked(

@@ -4,7 +4,6 @@ teacher (adapter off, complete request S_n), through train/sft.py."""
 from __future__ import annotations
 
 import math
-import shutil
 import subprocess
 import sys
 
@@ -13,11 +12,19 @@ import torch
 import torch.nn.functional as F
 from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
-from test_train_support import REPO, humaneval_dialogues, launch, launch_env, step_losses, tiny_overrides, write_jsonl
+from test_train_support import (
+    REPO,
+    humaneval_dialogues,
+    launch,
+    launch_env,
+    resume_from_checkpoint_2,
+    step_losses,
+    tiny_overrides,
+    write_jsonl,
+)
 
 from headstart.models import load_model, load_tokenizer
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, detect_family, render_prompt
-from headstart.run_dir import MARK
 from train.arguments import lora_config, sft_config
 from train.config import RecipeValueError
 from train.distill import IGNORE_INDEX, DistillCollator, DistillTrainer
@@ -265,17 +272,7 @@ def test_objective_distill_through_sft_resumes_bit_identically_and_merges(tmp_pa
     assert "eval_loss" in (out / "checkpoint-4" / "trainer_state.json").read_text()
 
     # Resumed from step 2: the same losses and the same adapter, bit for bit.
-    shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
-    shutil.copy(out / "config.yaml", resumed / "config.yaml")
-    shutil.copy(out / MARK, resumed / MARK)  # the run record: an unmarked directory is refused
-    result = launch(["--num_processes", "1"],
-                    ["recipe=smollm2_distill", *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
-    assert f"resuming from {resumed / 'checkpoint-2'}" in result.stdout
-    assert step_losses(resumed) == losses
-    final, again = (load_file(d / "adapter" / "adapter_model.safetensors") for d in (out, resumed))
-    assert final.keys() == again.keys() and any("lora_B" in k for k in final)
-    for key in final:
-        torch.testing.assert_close(again[key], final[key], rtol=0, atol=0)
+    resume_from_checkpoint_2(out, resumed, ["recipe=smollm2_distill", *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
 
     # The merged model gives the adapted model's logits; the adapter changed them.
     peft = load_model(str(out / "adapter"), device="cpu")

@@ -5,21 +5,26 @@ the complete request S_n scores the draft."""
 from __future__ import annotations
 
 import math
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
 from datasets import Dataset, DatasetDict
-from safetensors.torch import load_file
 from test_train_distill import distill_rows
-from test_train_support import REPO, humaneval_dialogues, launch, launch_env, step_losses, tiny_overrides
+from test_train_support import (
+    REPO,
+    humaneval_dialogues,
+    launch,
+    launch_env,
+    resume_from_checkpoint_2,
+    step_losses,
+    tiny_overrides,
+)
 from transformers import AutoModelForCausalLM
 
 from headstart.models import load_model, load_tokenizer
 from headstart.prompts import detect_family, encode_prompt, render_prompt
-from headstart.run_dir import MARK
 from train.arguments import lora_config
 from train.config import RecipeValueError
 from train.sdft import PRIVILEGED, sdft_config, sdft_rows, sdft_trainer
@@ -149,17 +154,8 @@ def test_objective_sdft_through_sft_trains_saves_and_resumes(tmp_path, tiny_qwen
 
     # Resumed from step 2: TRL's drafts are drawn from the torch RNG the checkpoint restores, so
     # the resumed run drafts the same answers: the same losses and the same adapter, bit for bit.
-    shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
-    shutil.copy(out / "config.yaml", resumed / "config.yaml")
-    shutil.copy(out / MARK, resumed / MARK)
-    result = launch(["--num_processes", "1"],
-                    ["recipe=smollm2_sdft", *extra, *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
-    assert f"resuming from {resumed / 'checkpoint-2'}" in result.stdout
-    assert step_losses(resumed) == losses
-    final, again = (load_file(d / "adapter" / "adapter_model.safetensors") for d in (out, resumed))
-    assert final.keys() == again.keys() and any("lora_B" in k for k in final)
-    for key in final:
-        torch.testing.assert_close(again[key], final[key], rtol=0, atol=0)
+    resume_from_checkpoint_2(out, resumed, ["recipe=smollm2_sdft", *extra,
+                                            *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
 
     # The adapter loads as the evaluator loads it, and changed the model.
     peft = load_model(str(out / "adapter"), device="cpu")

@@ -8,12 +8,16 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from datasets import Dataset, DatasetDict
 
 from headstart import files
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
 from train.config import RunSection
+
+if TYPE_CHECKING:
+    import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -105,3 +109,27 @@ def tiny_overrides(model_dir: Path, data: Path, output_dir: Path, **settings) ->
     run_keys = {f.name for f in dataclasses.fields(RunSection)}
     return [f"model.name_or_path={model_dir}", f"data.path={data}"] + [
         f"{'run' if k in run_keys else 'training'}.{k}={v}" for k, v in training.items()]
+
+
+def resume_from_checkpoint_2(finished: Path, resumed: Path, overrides: list[str]) -> dict[str, torch.Tensor]:
+    """Relaunch a run in `resumed` from `finished`'s checkpoint-2 (with its config and run record:
+    an unmarked directory is refused), assert it resumed to the same losses and the same adapter,
+    bit for bit; returns the adapter's tensors."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file
+
+    from headstart.run_dir import MARK
+
+    shutil.copytree(finished / "checkpoint-2", resumed / "checkpoint-2")
+    shutil.copy(finished / "config.yaml", resumed / "config.yaml")
+    shutil.copy(finished / MARK, resumed / MARK)
+    result = launch(["--num_processes", "1"], overrides)
+    assert f"resuming from {resumed / 'checkpoint-2'}" in result.stdout
+    assert step_losses(resumed) == step_losses(finished)
+    final, again = (load_file(d / "adapter" / "adapter_model.safetensors") for d in (finished, resumed))
+    assert final.keys() == again.keys() and any("lora_B" in k for k in final)
+    for key in final:
+        torch.testing.assert_close(again[key], final[key], rtol=0, atol=0)
+    return final
