@@ -78,6 +78,9 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "bash scripts/setup_vllm.sh": Allowed("creates the vLLM environment; scripts/setup.sh runs it on every `make test`, "
                                           "and tests/test_vllm_backend.py runs in what it made"),
     "python -m eval recipe=humaneval_smollm2 backend=vllm": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 limit=40 timed_every=40 decode.max_new_tokens=128": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 limit=40 timed_every=40 decode.max_new_tokens=128 backend=vllm "
+    "fast_batch_size=256": RunCheap(CHECK_ONLY),
     "python -m data_builders recipe=embedded_prefix generation.backend=vllm generation.cache_files=[] "
     "generation.batch_size=36":
         Checked("tests/test_vllm_backend.py::test_self_distilled_data_built_on_vllm_matches_and_trains"),
