@@ -76,10 +76,11 @@ class StudyConfig:
     benchmarks: list[str] = field(default_factory=lambda: ["humaneval", "mbpp"], metadata={"help": "Evaluated benchmarks."})
     data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark, e.g. {mbpp: path}."})
     limit: int | None = field(default=None, metadata={"help": "Requests per benchmark (the first N test problems); null: all."})
-    backend: str = field(default="transformers", metadata={"help": "Fast-path drafting backend of every evaluation."})
-    fast_batch_size: int = field(default=32, metadata={"help": "Prefixes decoded together (raise it with backend=vllm)."})
+    backend: str = field(default=EvalConfig.backend, metadata={"help": "Fast-path drafting backend of every evaluation."})
+    fast_batch_size: int = field(default=EvalConfig.fast_batch_size,
+                                 metadata={"help": "Prefixes decoded together (raise it with backend=vllm)."})
     timed_every: int = field(
-        default=1,
+        default=EvalConfig.timed_every,
         metadata={"help": "Count mode of every evaluation (EvalConfig.timed_every): time every N-th request, count the "
                           "others from batched greedy drafts; 1: time all."},
     )

@@ -69,15 +69,15 @@ class BeforeAfterConfig:
         metadata={"help": "System message for both sides: 'incomplete', 'model' or text."},
     )
     backend: str = field(
-        default="transformers",
+        default=EvalConfig.backend,
         metadata={"help": "Fast-path drafting of both sides on 'transformers' or 'vllm' (EvalConfig.backend)."},
     )
     fast_batch_size: int = field(
-        default=32,
+        default=EvalConfig.fast_batch_size,
         metadata={"help": "Prefixes decoded together on the fast path (EvalConfig.fast_batch_size; raise it with vllm)."},
     )
     timed_every: int = field(
-        default=1,
+        default=EvalConfig.timed_every,
         metadata={"help": "Count mode of both sides (EvalConfig.timed_every): time every N-th request, count the others "
                           "from batched greedy drafts; 1: time all."},
     )
