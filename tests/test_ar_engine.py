@@ -32,8 +32,9 @@ def humaneval_requests():
     return get_benchmark("humaneval").load(limit=6)
 
 
-def make_evaluator(model_dir, acceptance="greedy", engine="stepwise", regenerate="plain") -> StreamingEvaluator:
-    decode = DecodeSpec(acceptance=acceptance, engine=engine, max_new_tokens=MAX_NEW_TOKENS, regenerate=regenerate)
+def make_evaluator(model_dir, acceptance="greedy", engine="stepwise", regenerate="plain", **lookup) -> StreamingEvaluator:
+    """`lookup`: DecodeSpec's lookup_* settings."""
+    decode = DecodeSpec(acceptance=acceptance, engine=engine, max_new_tokens=MAX_NEW_TOKENS, regenerate=regenerate, **lookup)
     config = EvalConfig(model=str(model_dir), decode=decode)
     return StreamingEvaluator(load_model(str(model_dir), device="cpu"), config)
 

@@ -27,19 +27,26 @@ def evaluator(loaded, decode: DecodeSpec, counted_ids=frozenset(), **config) -> 
     return StreamingEvaluator(loaded, EvalConfig(model="unused", decode=decode, **config), untimed=counted_ids)
 
 
-def compare_with_stepwise(loaded, requests, regenerate: str, max_new_tokens: int, batch_size: int) -> list[dict]:
+def compare_with_stepwise(loaded, requests, regenerate: str, max_new_tokens: int, batch_size: int,
+                          timed_too: bool = False) -> list[dict]:
+    """Counted records == the step-by-step engine's; `timed_too`: the timed fast path's as well
+    (the step-by-step run, the expensive part, is shared)."""
     decode = DecodeSpec(max_new_tokens=max_new_tokens, regenerate=regenerate)
     stepwise = evaluator(loaded, DecodeSpec(max_new_tokens=max_new_tokens, regenerate=regenerate, engine="stepwise"))
     counting = evaluator(loaded, decode, frozenset(r.request_id for r in requests), fast_batch_size=batch_size)
     groups = counting.request_groups(requests)
     assert len(groups) > 1, "several padded batches: the case of a real run"
     counted = [record for group in groups for record in counting.evaluate_many(group)]
+    timed = evaluator(loaded, decode).evaluate_many(requests) if timed_too else [None] * len(requests)
     keys = COUNTED + (LOOKUP_COUNTED if regenerate == "lookup" else ())
-    for request, record in zip(requests, counted):
+    for request, record, timed_record in zip(requests, counted, timed):
         executed = stepwise.evaluate(request)
         assert {k: record[k] for k in keys} == {k: executed[k] for k in keys}, request.request_id
         assert record["engine"] == "counted" and record["baseline_seconds"] is record["residual_seconds"] is None
         assert record.get("lookup_baseline_seconds") is None
+        if timed_record is not None:
+            assert timed_record["engine"] == "fast" and timed_record["residual_seconds"] is not None
+            assert {k: timed_record[k] for k in keys} == {k: executed[k] for k in keys}, request.request_id
     return counted
 
 
@@ -53,10 +60,11 @@ def test_counted_records_equal_the_step_by_step_engines(tiny_model_dir, regenera
 @pytest.mark.slow
 @pytest.mark.parametrize("regenerate", ["plain", "lookup"])
 def test_smollm2_counted_records_equal_the_step_by_step_engines(regenerate):
-    """The real model on HumanEval and MBPP requests, 48 tokens."""
+    """The real model on HumanEval and MBPP requests, 48 tokens; under lookup also the timed fast
+    path (greedy; tests/test_lookup.py checks it under a threshold rule)."""
     loaded = load_model("smollm2", device="cpu")
     requests = get_benchmark("humaneval").load(limit=2) + get_benchmark("mbpp", "data/mbpp/mbpp.jsonl").load(limit=1)
-    counted = compare_with_stepwise(loaded, requests, regenerate, 48, 4)
+    counted = compare_with_stepwise(loaded, requests, regenerate, 48, 4, timed_too=regenerate == "lookup")
     assert any(r["residual_forwards"] < r["baseline_forwards"] for r in counted)
 
 

@@ -78,11 +78,16 @@ def test_update_cost_is_one_forward_for_a_finished_draft_kept_whole():
 # ------------------------------------------------------------ tiny real models
 
 
-def test_lookup_streaming_is_lossless_and_exercises_every_kind_of_proposal(tiny_model_dir, humaneval_requests):
+# The n-gram default and the longest-match proposer with blocks that follow the match.
+PROPOSERS = {"ngram": {}, "longest": dict(lookup_match="longest", lookup_block=4, lookup_max_block=24)}
+
+
+@pytest.mark.parametrize("proposer", PROPOSERS)
+def test_lookup_streaming_is_lossless_and_exercises_every_kind_of_proposal(tiny_model_dir, humaneval_requests, proposer):
     """Streamed answers and the lookup baseline equal a naive no-cache greedy decoder's;
     proposals that are right, partly right and wrong all occur; no update costs more
     forwards than with plain regeneration."""
-    lookup = make_evaluator(tiny_model_dir, regenerate="lookup")
+    lookup = make_evaluator(tiny_model_dir, regenerate="lookup", **PROPOSERS[proposer])
     plain = make_evaluator(tiny_model_dir, regenerate="plain")
     model, eos = lookup.loaded.model, lookup.engine.eos_token_ids
     for request in humaneval_requests:
@@ -99,12 +104,13 @@ def test_lookup_streaming_is_lossless_and_exercises_every_kind_of_proposal(tiny_
     assert outcomes["full"] and outcomes["partial"] and outcomes["wrong"], outcomes
 
 
-@pytest.mark.parametrize("acceptance", ["greedy", "threshold:0.05"])
-def test_counts_computed_from_tokens_equal_the_counts_executed(tiny_model_dir, humaneval_requests, acceptance):
+@pytest.mark.parametrize(("acceptance", "proposer"), [("greedy", "ngram"), ("threshold:0.05", "ngram"),
+                                                     ("greedy", "longest")])
+def test_counts_computed_from_tokens_equal_the_counts_executed(tiny_model_dir, humaneval_requests, acceptance, proposer):
     """Every update of the step-by-step engine against `update_cost` on its tokens,
     and the fast path's records against the step-by-step engine's, per request."""
-    stepwise = make_evaluator(tiny_model_dir, acceptance, engine="stepwise", regenerate="lookup")
-    fast = make_evaluator(tiny_model_dir, acceptance, engine="fast", regenerate="lookup")
+    stepwise = make_evaluator(tiny_model_dir, acceptance, engine="stepwise", regenerate="lookup", **PROPOSERS[proposer])
+    fast = make_evaluator(tiny_model_dir, acceptance, engine="fast", regenerate="lookup", **PROPOSERS[proposer])
     fast.config.fast_batch_size = 12 if acceptance == "greedy" else 4
     fast.config.record_tokens = stepwise.config.record_tokens = True
     engine, eos = stepwise.engine, stepwise.engine.eos_token_ids
@@ -152,6 +158,8 @@ def test_decode_settings_are_validated_when_the_config_is_built():
                          ("decode.lookup_block=0", "lookup_block"),
                          ("decode.lookup_min_ngram=4", "lookup_min_ngram"),
                          ("decode.lookup_occurrence=middle", "first, last"),
+                         ("decode.lookup_match=best", "ngram, longest"),
+                         ("decode.lookup_max_block=16", "needs decode.lookup_match=longest"),
                          ("decode.max_new_tokens=0", "max_new_tokens"),
                          ("decode.acceptance=bogus", "threshold:TAU")]:
         with pytest.raises(ValueError, match=message):
@@ -182,10 +190,11 @@ def test_a_results_dir_whose_config_lacks_a_setting_is_not_resumed(tiny_qwen3_di
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("acceptance", ["greedy", "threshold:0.9"])
+@pytest.mark.parametrize("acceptance", ["threshold:0.9"])
 def test_smollm2_fast_path_counts_equal_the_executed_counts(acceptance):
     """The real model, 3 HumanEval requests, 48 tokens: the fast path's computed
-    drafting and residual forwards equal the step-by-step engine's executed ones."""
+    drafting and residual forwards equal the step-by-step engine's executed ones
+    (greedy: tests/test_count_mode.py, beside the counted records)."""
     loaded = load_model("smollm2", device="cpu")
     decode = DecodeSpec(acceptance=acceptance, max_new_tokens=48)
     requests = get_benchmark("humaneval").load(limit=3)

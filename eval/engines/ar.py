@@ -22,7 +22,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from eval.engines.base import StreamingEngine, UpdateResult, crop_cache, new_cache
 from eval.engines.decode import DecodeSpec
-from eval.engines.lookup import LookupPolicy, Proposer, update_proposer
+from eval.engines.lookup import AnyProposer, LookupPolicy, update_proposer
 from eval.engines.tokens import common_prefix_length, through_first_eos
 
 
@@ -112,7 +112,7 @@ class AREngine(StreamingEngine):
         return self._result(answer, draft, accepted, calls_before, clock)
 
     def _regenerate(
-        self, state: DecodeState, prompt_length: int, answer: list[int], phase: str, proposer: Proposer | None
+        self, state: DecodeState, prompt_length: int, answer: list[int], phase: str, proposer: AnyProposer | None
     ) -> list[int]:
         """Greedy decoding after `answer` (whose last token is not yet fed), one
         block per forward: the proposal's run that greedy would produce, plus the

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eval.engines.acceptance import AcceptanceRule
-from eval.engines.lookup import OCCURRENCES, LookupPolicy
+from eval.engines.lookup import MATCHES, OCCURRENCES, LookupPolicy
 
 AR_ENGINES = ("auto", "fast", "stepwise")  # the same numbers; auto = fast
 DIFFUSION_ENGINES = ("refusion", "bidirectional")
@@ -20,7 +20,7 @@ REGENERATE_MODES = ("plain", "lookup")
 # How a timed phase is clocked on CUDA (eval.engines.clock); here, torch-free, for the config.
 TIMING_MODES = ("sync", "events")
 # Settings that change the numbers, beyond acceptance, max_new_tokens and regenerate.
-LOOKUP_KEYS = ("lookup_ngram", "lookup_min_ngram", "lookup_block", "lookup_occurrence")
+LOOKUP_KEYS = ("lookup_match", "lookup_ngram", "lookup_min_ngram", "lookup_block", "lookup_max_block", "lookup_occurrence")
 DIFFUSION_KEYS = {
     "refusion": ("engine", "slot_size", "serial_blocks", "slot_threshold", "token_threshold", "draft_in_context"),
     "bidirectional": ("engine", "diffusion_steps"),
@@ -45,6 +45,12 @@ class DecodeSpec:
                           "drafts and the request, verified in one forward; lossless) or 'plain' (one token per forward, the "
                           "paper's procedure). AR engines only."},
     )
+    lookup_match: str = field(
+        default="ngram",
+        metadata={"help": "lookup: 'ngram' (the first source holding the answer's last n tokens, n = lookup_ngram down to "
+                          "lookup_min_ngram) or 'longest' (the occurrence with the longest matching context in any source, "
+                          "a suffix automaton; ties by source order)."},
+    )
     lookup_ngram: int = field(
         default=3,
         metadata={"help": "lookup: longest n-gram matched (the answer's last n tokens), tried down to 1."},
@@ -58,6 +64,11 @@ class DecodeSpec:
         default=8,
         metadata={"help": "lookup: most tokens proposed per forward (8: the fastest median wall clock on this CPU, "
                           "benchmarks/bench_lookup_policy.py)."},
+    )
+    lookup_max_block: int = field(
+        default=0,
+        metadata={"help": "lookup_match=longest: propose twice the matched context's length, from lookup_block up to this "
+                          "many tokens (0: always lookup_block)."},
     )
     lookup_occurrence: str = field(
         default="first",
@@ -110,6 +121,11 @@ class DecodeSpec:
         if not 1 <= self.lookup_min_ngram <= self.lookup_ngram or self.lookup_block < 1:
             raise ValueError("decode.lookup_block must be >= 1 and 1 <= decode.lookup_min_ngram <= decode.lookup_ngram, "
                              f"not {self.lookup_block}, {self.lookup_min_ngram} and {self.lookup_ngram}")
+        if self.lookup_match not in MATCHES:
+            raise ValueError(f"decode.lookup_match must be one of {', '.join(MATCHES)}, not {self.lookup_match!r}")
+        if self.lookup_max_block and (self.lookup_max_block < self.lookup_block or self.lookup_match != "longest"):
+            raise ValueError(f"decode.lookup_max_block={self.lookup_max_block} needs decode.lookup_match=longest and "
+                             f">= decode.lookup_block ({self.lookup_block}); 0 turns it off")
         if self.lookup_occurrence not in OCCURRENCES:
             raise ValueError(f"decode.lookup_occurrence must be one of {', '.join(OCCURRENCES)}, not {self.lookup_occurrence!r}")
         if self.slot_size < 1 or self.serial_blocks < 1 or self.diffusion_steps < 1:
@@ -128,7 +144,8 @@ class DecodeSpec:
         """The proposal policy of `regenerate=lookup`; None for plain regeneration."""
         if self.regenerate != "lookup":
             return None
-        return LookupPolicy(self.lookup_ngram, self.lookup_block, self.lookup_occurrence, self.lookup_min_ngram)
+        return LookupPolicy(self.lookup_ngram, self.lookup_block, self.lookup_occurrence, self.lookup_min_ngram,
+                            self.lookup_match, self.lookup_max_block or None)
 
     @property
     def fast(self) -> bool:

@@ -19,23 +19,71 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from eval.engines.suffix_index import SuffixIndex
 from eval.engines.tokens import answer_finished, common_prefix_length, through_first_eos
 
 if TYPE_CHECKING:  # decode.py imports this module
     from eval.engines.decode import DecodeSpec
 
 OCCURRENCES = ("first", "last")
+MATCHES = ("ngram", "longest")
 
 
 @dataclass(frozen=True)
 class LookupPolicy:
-    """What to propose: n-gram lengths (max_ngram down to min_ngram), block size, and
-    which occurrence of a match (defaults: `eval.engines.decode.DecodeSpec`)."""
+    """What to propose (defaults: `eval.engines.decode.DecodeSpec`): `ngram` tries n-gram lengths
+    max_ngram down to min_ngram, source by source, and proposes `block` tokens after the chosen
+    `occurrence`; `longest` follows the occurrence with the longest matching context (at least
+    min_ngram tokens) and proposes `block` tokens, or twice the context's length up to `max_block`."""
 
     max_ngram: int
     block: int
     occurrence: str
     min_ngram: int
+    match: str = "ngram"
+    max_block: int | None = None
+
+    def proposal_length(self, context: int) -> int:
+        """Tokens proposed after a match of `context` tokens: a long match earns a long block."""
+        if self.max_block is None:
+            return self.block
+        return max(self.block, min(self.max_block, 2 * context))
+
+
+class LongestMatchProposer:
+    """Proposes what followed the longest context match in the sources (`SuffixIndex`); the
+    answer's walk through the index is kept between calls of one update (the answer only grows)."""
+
+    def __init__(self, sources: list[list[int]], policy: LookupPolicy, eos_token_ids: set[int]) -> None:
+        self.index = SuffixIndex(sources)
+        self.policy = policy
+        self.eos_token_ids = eos_token_ids
+        self.walked: list[int] = []
+        self.state, self.matched = 0, 0
+
+    def _walk(self, answer: list[int]) -> None:
+        if answer[: len(self.walked)] != self.walked:  # another answer: walk it from the start
+            self.walked, self.state, self.matched = [], 0, 0
+        for token in answer[len(self.walked):]:
+            self.state, self.matched = self.index.step(self.state, self.matched, token)
+        self.walked = list(answer)
+
+    def propose(self, answer: list[int], budget: int) -> list[int]:
+        """Up to min(proposal length, budget) tokens to verify after `answer`; cut at a source's
+        end and after an EOS."""
+        if budget <= 0:
+            return []
+        self._walk(answer)
+        follow, context = self.index.continuation(self.state, self.matched, self.policy.min_ngram)
+        if follow < 0:
+            return []
+        limit = min(self.policy.proposal_length(context), budget)
+        proposal = []
+        for token in self.index.text[follow : follow + limit]:
+            if token < 0:  # a separator: the source ended
+                break
+            proposal.append(token)
+        return through_first_eos(proposal, self.eos_token_ids)
 
 
 class Proposer:
@@ -72,21 +120,25 @@ class Proposer:
         return []
 
 
+AnyProposer = Proposer | LongestMatchProposer
+
+
 def update_proposer(
     policy: LookupPolicy | None,
     held_tail: list[int],
     earlier_drafts: list[list[int]],
     prompt_ids: list[int],
     eos_token_ids: set[int],
-) -> Proposer | None:
+) -> AnyProposer | None:
     """The lookup of one update: the unaccepted tail of the held draft, the earlier
     drafts (newest first), then the request, searched in that order. None: plain."""
     if policy is None:
         return None
-    return Proposer([held_tail, *earlier_drafts, prompt_ids], policy, eos_token_ids)
+    proposer = LongestMatchProposer if policy.match == "longest" else Proposer
+    return proposer([held_tail, *earlier_drafts, prompt_ids], policy, eos_token_ids)
 
 
-def regeneration_forwards(answer: list[int], start: int, proposer: Proposer | None, max_new_tokens: int) -> int:
+def regeneration_forwards(answer: list[int], start: int, proposer: AnyProposer | None, max_new_tokens: int) -> int:
     """Forwards after the verify pass to decode `answer[start + 1:]` (the verify pass
     yields `answer[start]`), when `answer` is what greedy decoding produces."""
     length, forwards = start + 1, 0
@@ -102,7 +154,7 @@ def update_forwards(
     held: list[int],
     answer: list[int],
     accepted: int,
-    proposer: Proposer | None,
+    proposer: AnyProposer | None,
     finished: bool,
     max_new_tokens: int,
 ) -> int:
