@@ -145,7 +145,7 @@ class DecodeSpec:
         if self.regenerate != "lookup":
             return None
         return LookupPolicy(self.lookup_ngram, self.lookup_block, self.lookup_occurrence, self.lookup_min_ngram,
-                            self.lookup_match, self.lookup_max_block or None)
+                            self.lookup_match, self.lookup_max_block)
 
     @property
     def fast(self) -> bool:

@@ -41,11 +41,11 @@ class LookupPolicy:
     occurrence: str
     min_ngram: int
     match: str = "ngram"
-    max_block: int | None = None
+    max_block: int = 0  # 0: always `block`
 
     def proposal_length(self, context: int) -> int:
         """Tokens proposed after a match of `context` tokens: a long match earns a long block."""
-        if self.max_block is None:
+        if not self.max_block:
             return self.block
         return max(self.block, min(self.max_block, 2 * context))
 
@@ -78,12 +78,7 @@ class LongestMatchProposer:
         if follow < 0:
             return []
         limit = min(self.policy.proposal_length(context), budget)
-        proposal = []
-        for token in self.index.text[follow : follow + limit]:
-            if token < 0:  # a separator: the source ended
-                break
-            proposal.append(token)
-        return through_first_eos(proposal, self.eos_token_ids)
+        return through_first_eos(self.index.tokens_after(follow, limit), self.eos_token_ids)
 
 
 class Proposer:

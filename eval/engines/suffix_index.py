@@ -11,8 +11,6 @@ within the source, falling back to shorter contexts when the longest one ends a 
 
 from __future__ import annotations
 
-import math
-
 
 class SuffixIndex:
     """Suffix automaton of the sources' concatenation (states: longest length, suffix link,
@@ -23,23 +21,25 @@ class SuffixIndex:
         for number, source in enumerate(sources):
             self.text += source
             self.text.append(-1 - number)  # separator: matches nothing, not even another separator
+        self.nowhere = len(self.text)  # first_live of a state no token follows
         self.length, self.link, self.next = [0], [-1], [{}]
-        self.first_live = [math.inf]
+        self.first_live = [self.nowhere]
         created_at: list[int | None] = [None]
         last = 0
         for position, token in enumerate(self.text):
             last = self._extend(last, token, position, created_at)
         self._propagate_first_live(created_at)
 
-    def _new_state(self, length: int, link: int, transitions: dict[int, int], created_at: list, position) -> int:
+    def _new_state(self, length: int, link: int, transitions: dict[int, int], created_at: list[int | None],
+                   position: int | None) -> int:
         self.length.append(length)
         self.link.append(link)
         self.next.append(transitions)
-        self.first_live.append(math.inf)
+        self.first_live.append(self.nowhere)
         created_at.append(position)
         return len(self.length) - 1
 
-    def _extend(self, last: int, token: int, position: int, created_at: list) -> int:
+    def _extend(self, last: int, token: int, position: int, created_at: list[int | None]) -> int:
         """The standard online construction step: the state of the whole text so far."""
         current = self._new_state(self.length[last] + 1, -1, {}, created_at, position)
         state = last
@@ -83,9 +83,17 @@ class SuffixIndex:
         """(position after the chosen occurrence, context length): the longest context of at
         least `min_context` tokens with a token after it; (-1, 0) when there is none."""
         while matched >= min_context and state:
-            position = self.first_live[state]
-            if position != math.inf:
-                return int(position) + 1, matched
+            if self.first_live[state] < self.nowhere:
+                return self.first_live[state] + 1, matched
             state = self.link[state]
             matched = self.length[state]
         return -1, 0
+
+    def tokens_after(self, follow: int, limit: int) -> list[int]:
+        """Up to `limit` tokens from position `follow`, ending with the source they are in."""
+        tokens = []
+        for token in self.text[follow : follow + limit]:
+            if token < 0:  # the separator after the source
+                break
+            tokens.append(token)
+        return tokens
