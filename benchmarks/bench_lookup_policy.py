@@ -2,6 +2,7 @@
 
     python benchmarks/bench_lookup_policy.py --limit 12 --threads 2
     python benchmarks/bench_lookup_policy.py --limit 40 --drafts-from outputs/bench/faster_answers/humaneval/new_format-plain
+    python benchmarks/bench_lookup_policy.py --limit 10 --drafts-from DIR --policy "lookup_match=longest lookup_tree=8"
 
 A forward over a block of proposed tokens costs more than a one-token step on a
 CPU, so the block size that saves the most forwards is not the fastest. In one
@@ -13,7 +14,9 @@ run, on the same warm model and the same requests:
    lengths and occurrence at one block size), the residual update of each request (its
    drafts decoded once, greedy, and shared by every policy), timed at batch size 1
    right after the request's plain greedy baseline: median forward and wall-clock
-   speedup, and forwards per residual.
+   speedup, and forwards per residual. With --policy, only the default and the policies
+   given (decode overrides: longest match, token trees), and the cost table runs to the
+   widest tree's width.
 
 The drafts are cached under --output-dir, so a rerun only times; --drafts-from
 takes them from an evaluation run with `record_tokens=true` instead.
@@ -25,6 +28,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,7 +40,7 @@ from headstart.paths import outputs_dir, use_checkout
 use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
 
 from eval.benchmarks import get_benchmark  # noqa: E402
-from eval.config import EvalConfig  # noqa: E402
+from eval.config import EvalConfig, decode_with  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
 from eval.engines.fast_path import Drafting, batched_greedy, final_update  # noqa: E402
 from eval.evaluator import StreamingEvaluator  # noqa: E402
@@ -49,11 +53,11 @@ BLOCKS = (2, 4, 6, 8, 10, 16, 24, 32)
 VARIANTS = ((1, 1, "first"), (2, 1, "first"), (4, 1, "first"), (3, 2, "first"), (3, 3, "first"), (3, 1, "last"))
 
 
-def forward_costs(evaluator: StreamingEvaluator, prompt_ids: list[int], widths: range, repeats: int) -> dict[int, float]:
-    """Median seconds of one forward feeding `width` tokens after `prompt_ids` (cached)."""
+def forward_costs(evaluator: StreamingEvaluator, prompt_ids: list[int], widths: Iterable[int], repeats: int) -> dict[int, float]:
+    """Median seconds of one forward feeding `width` tokens after `prompt_ids` (cached; widths up to its length)."""
     engine = evaluator.engine
     costs = {}
-    for width in widths:
+    for width in (w for w in widths if w <= len(prompt_ids)):
         samples = []
         for _ in range(repeats):
             state = engine.new_state()
@@ -118,6 +122,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--variant-block", type=int, default=10, help="block size of the n-gram and occurrence variants")
     parser.add_argument("--output-dir", default=str(outputs_dir("bench", "lookup_policy")))
+    parser.add_argument("--policy", action="append", default=[],
+                        help="time this policy instead of the sweep (decode overrides: 'lookup_match=longest lookup_tree=8')")
     parser.add_argument("--drafts-from", default=None,
                         help="a greedy results dir evaluated with record_tokens=true (same model, benchmark, tokens): its drafts")
     args = parser.parse_args()
@@ -128,7 +134,8 @@ def main() -> None:
     plain = StreamingEvaluator(loaded, replace(base, decode=replace(base.decode, regenerate="plain")))
     plain.warm_up(requests[0])
 
-    costs = forward_costs(plain, plain.prompts(requests[0])[-1][:300], range(1, max(BLOCKS) + 2), args.repeats)
+    widths = (1, 2, 4, 8, 16, 33, 65, 129, 257) if args.policy else range(1, max(BLOCKS) + 2)
+    costs = forward_costs(plain, plain.prompts(requests[0])[-1][:300], widths, args.repeats)
     print(markdown_rows(["tokens fed", "ms per forward", "x one-token step"],
                         [[str(w), f"{c * 1e3:.1f}", f"{c / costs[1]:.2f}x"] for w, c in costs.items()]), flush=True)
 
@@ -137,8 +144,13 @@ def main() -> None:
         requests = [r for r in requests if r.request_id in drafts]
     else:
         drafts = cached_drafts(plain, requests, Path(args.output_dir) / f"{args.benchmark}-{args.limit}-drafts.json", 32)
-    policies = [(3, 1, block, "first") for block in BLOCKS] + [(n, m, args.variant_block, o) for n, m, o in VARIANTS]
     evaluators = {("plain", "-", "-"): plain}
+    if args.policy:
+        for override in ["", *args.policy]:
+            decode = decode_with(base.decode, override)
+            evaluators[(override or "default", "-", "-")] = StreamingEvaluator(loaded, replace(base, decode=decode))
+    policies = [] if args.policy else [(3, 1, block, "first") for block in BLOCKS] + [
+        (n, m, args.variant_block, o) for n, m, o in VARIANTS]
     for ngram, min_ngram, block, occurrence in policies:
         decode = replace(base.decode, lookup_ngram=ngram, lookup_min_ngram=min_ngram, lookup_block=block,
                          lookup_occurrence=occurrence)

@@ -1,13 +1,15 @@
 """How far lookup regeneration could go on recorded answers: an upper bound.
 
-    python benchmarks/lookup_bound.py outputs/bench/faster_answers/humaneval/new_format-plain
+    python benchmarks/lookup_bound.py outputs/bench/faster_answers/humaneval/new_format-plain \
+        --policy lookup_match=longest --policy "lookup_match=longest lookup_max_block=32"
 
 Reads a greedy results directory evaluated with `record_tokens=true` and replays
-each request's residual update at token level (no model call) twice: with the
-default lookup policy (`eval.engines.lookup`, the count the evaluator reports), and
-with an oracle that proposes, at every forward, the longest prefix of the rest of
-the answer found anywhere in the same sources (held draft tail, earlier drafts,
-request), up to the block size. No proposer that draws on these sources can beat
+each request's residual update at token level (no model call): with the run's
+lookup policy (`eval.engines.lookup`, the count the evaluator reports), with each
+`--policy` (decode overrides, e.g. `--policy lookup_match=longest`), and with an
+oracle that proposes, at every forward, the longest prefix of the rest of the answer
+found anywhere in the same sources (held draft tail, earlier drafts, request), up to
+the block size. No proposer that draws on these sources can beat
 the oracle, so its median bounds what a better policy could buy on these answers.
 """
 
@@ -23,6 +25,8 @@ from headstart.paths import use_checkout
 use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
 
 from eval.benchmarks import get_benchmark  # noqa: E402
+from eval.config import decode_with  # noqa: E402
+from eval.engines.decode import DecodeSpec  # noqa: E402
 from eval.engines.lookup import update_cost  # noqa: E402
 from eval.engines.tokens import common_prefix_length  # noqa: E402
 from eval.evaluator import StreamingEvaluator  # noqa: E402
@@ -44,27 +48,37 @@ def oracle_forwards(answer: list[int], start: int, sources: list[list[int]], blo
     return forwards
 
 
+def replayed_policies(decode: DecodeSpec, overrides: list[str]) -> dict[str, DecodeSpec]:
+    """The run's lookup policy and one per `--policy` ("key=value key=value" over `decode`)."""
+    run = replace(decode, regenerate="lookup")
+    return {"lookup (the run's policy)": run} | {f"lookup, {override}": decode_with(run, override) for override in overrides}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results_dir", type=Path)
-    parser.add_argument("--blocks", default="8,32")
+    parser.add_argument("--blocks", default="8,32", help="the oracle's block sizes")
+    parser.add_argument("--policy", action="append", default=[],
+                        help="another lookup policy to replay: decode overrides, e.g. 'lookup_match=longest'")
     args = parser.parse_args()
     config = saved_config(args.results_dir)
     records = {r["request_id"]: r for r in read_jsonl(args.results_dir / "results.jsonl")}
     if records and "draft_token_ids" not in next(iter(records.values())):
         raise SystemExit(f"error: {args.results_dir} was not evaluated with record_tokens=true")
-    evaluator = StreamingEvaluator(load_model(config.model, adapter=config.adapter, device="cpu"), config)
-    lookup, eos = replace(config.decode, regenerate="lookup"), evaluator.engine.eos_token_ids
+    # The prompts and EOS ids only: no drafting engine (the run may have drafted on vLLM).
+    evaluator = StreamingEvaluator(load_model(config.model, adapter=config.adapter, device="cpu"),
+                                   replace(config, backend="transformers"))
+    policies, eos = replayed_policies(config.decode, args.policy), evaluator.engine.eos_token_ids
     requests = [r for r in get_benchmark(config.benchmark, config.data_path).load() if r.request_id in records]
     blocks = [int(b) for b in args.blocks.split(",")]
-    speedups: dict[str, list[float]] = {"lookup (default policy)": []} | {f"oracle, block {b}": [] for b in blocks}
+    speedups: dict[str, list[float]] = {name: [] for name in policies} | {f"oracle, block {b}": [] for b in blocks}
     for request in requests:
         record, prompt = records[request.request_id], evaluator.prompts(request)[-1]
         drafts, answer = record["draft_token_ids"], record["base_token_ids"]
         held = drafts[-1]
         kept = common_prefix_length(held, answer)
-        speedups["lookup (default policy)"].append(
-            len(answer) / update_cost(held, answer, kept, drafts[:-1][::-1], prompt, lookup, eos))
+        for name, decode in policies.items():
+            speedups[name].append(len(answer) / update_cost(held, answer, kept, drafts[:-1][::-1], prompt, decode, eos))
         for block in blocks:
             whole = kept == len(held) == len(answer)
             forwards = 1 if whole else 1 + oracle_forwards(answer, kept, [held[kept:], *drafts[:-1], prompt], block)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from omegaconf import OmegaConf
+
 from eval.engines.decode import DecodeSpec
 from eval.shards import parse_shard
 from eval.typing_sim import check_typing
+from headstart.config import config_from_dict, config_to_dict
 from headstart.device_names import check_device, check_dtype
 from headstart.prompts import check_evaluation_system_setting
 from headstart.vllm_settings import VLLMSettings
@@ -126,6 +129,13 @@ class EvalConfig:
             raise ValueError("report_only reports merged results; run without shard (that merges the shards)")
         if self.typing is not None:
             check_typing(self.typing, self.typing_policy, self.decode)
+
+
+def decode_with(decode: DecodeSpec, overrides: str) -> DecodeSpec:
+    """`decode` with space-separated `key=value` overrides ("lookup_match=longest lookup_tree=8"),
+    validated as a recipe's would be (the benchmarks' `--policy`)."""
+    values = OmegaConf.to_container(OmegaConf.from_dotlist(overrides.split()))
+    return config_from_dict(DecodeSpec, config_to_dict(decode) | values)
 
 
 def check_timed_every(timed_every: int, decode: DecodeSpec) -> None:

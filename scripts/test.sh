@@ -3,6 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export WANDB_MODE=offline HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# Every subprocess (launches, torchrun, Slurm jobs, vLLM engines, the device check's CPU twin) on
+# one OpenMP thread that sleeps rather than spins when idle: three workers share two cores,
+# and a spinning thread burns the time its neighbour needs (the CPU twin took 441 s beside two
+# one-thread torch processes, 197 s on one thread, 95 s alone).
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 # The Slurm tests need a running cluster: start the local four-node one (root only;
 # elsewhere those tests are skipped with the reason), and stop it afterwards if
 # this run started it. Beside a Slurm that already runs here it starts nothing

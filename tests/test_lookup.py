@@ -78,8 +78,10 @@ def test_update_cost_is_one_forward_for_a_finished_draft_kept_whole():
 # ------------------------------------------------------------ tiny real models
 
 
-# The n-gram default and the longest-match proposer with blocks that follow the match.
-PROPOSERS = {"ngram": {}, "longest": dict(lookup_match="longest", lookup_block=4, lookup_max_block=24)}
+# The n-gram default, the longest-match proposer with blocks that follow the match, and a token
+# tree of up to 4 such continuations per forward.
+LONGEST = dict(lookup_match="longest", lookup_block=4, lookup_max_block=24)
+PROPOSERS = {"ngram": {}, "longest": LONGEST, "tree": LONGEST | dict(lookup_tree=4)}
 
 
 @pytest.mark.parametrize("proposer", PROPOSERS)
@@ -102,10 +104,11 @@ def test_lookup_streaming_is_lossless_and_exercises_every_kind_of_proposal(tiny_
             assert with_lookup.forwards <= without.forwards
     outcomes = lookup.engine.proposals
     assert outcomes["full"] and outcomes["partial"] and outcomes["wrong"], outcomes
+    assert bool(lookup.engine.tree_widths) == (proposer == "tree")  # trees of several branches ran
 
 
 @pytest.mark.parametrize(("acceptance", "proposer"), [("greedy", "ngram"), ("threshold:0.05", "ngram"),
-                                                     ("greedy", "longest")])
+                                                     ("greedy", "longest"), ("greedy", "tree")])
 def test_counts_computed_from_tokens_equal_the_counts_executed(tiny_model_dir, humaneval_requests, acceptance, proposer):
     """Every update of the step-by-step engine against `update_cost` on its tokens,
     and the fast path's records against the step-by-step engine's, per request."""
@@ -160,6 +163,8 @@ def test_decode_settings_are_validated_when_the_config_is_built():
                          ("decode.lookup_occurrence=middle", "first, last"),
                          ("decode.lookup_match=best", "ngram, longest"),
                          ("decode.lookup_max_block=16", "needs decode.lookup_match=longest"),
+                         ("decode.lookup_tree=4", "needs decode.lookup_match=longest"),
+                         ("decode.lookup_tree=0", "must be >= 1"),
                          ("decode.max_new_tokens=0", "max_new_tokens"),
                          ("decode.acceptance=bogus", "threshold:TAU")]:
         with pytest.raises(ValueError, match=message):

@@ -54,8 +54,14 @@ def prompts(tiny_tokenizer) -> list[list[int]]:
     return token_prompts
 
 
+# Plain regeneration, lookup's default, and token trees (each sliding layer masked to its window).
+REGENERATIONS = {"plain": dict(regenerate="plain"), "lookup": dict(regenerate="lookup"),
+                 "tree": dict(regenerate="lookup", lookup_match="longest", lookup_tree=4)}
+
+
 def engine_for(model, tokenizer, regenerate: str, acceptance: str = "greedy") -> AREngine:
-    decode = DecodeSpec(engine="stepwise", acceptance=acceptance, max_new_tokens=MAX_NEW_TOKENS, regenerate=regenerate)
+    decode = DecodeSpec(engine="stepwise", acceptance=acceptance, max_new_tokens=MAX_NEW_TOKENS,
+                        **REGENERATIONS[regenerate])
     return AREngine(model, {tokenizer.eos_token_id}, decode)
 
 
@@ -68,7 +74,7 @@ def test_the_window_decides_the_answers(gemma3, tiny_tokenizer, prompts):
     assert naive_greedy(gemma3, prompts[-1], eos, MAX_NEW_TOKENS) != naive_greedy(unwindowed, prompts[-1], eos, MAX_NEW_TOKENS)
 
 
-@pytest.mark.parametrize("regenerate", ["plain", "lookup"])
+@pytest.mark.parametrize("regenerate", REGENERATIONS)
 def test_streaming_past_the_window_gives_the_models_answer(gemma3, tiny_tokenizer, prompts, regenerate):
     engine = engine_for(gemma3, tiny_tokenizer, regenerate)
     reference = naive_greedy(gemma3, prompts[-1], engine.eos_token_ids, MAX_NEW_TOKENS)
@@ -80,6 +86,7 @@ def test_streaming_past_the_window_gives_the_models_answer(gemma3, tiny_tokenize
     assert 0 < stream.final.accepted < stream.final.draft_length, "the crop to a partial draft is not exercised"
     assert engine.baseline(prompts[-1]).answer == reference
     assert engine.lookup_baseline(prompts[-1]).answer == reference
+    assert bool(engine.tree_widths) == (regenerate == "tree")
 
 
 def test_a_cropped_cache_verifies_like_a_forward_from_scratch(gemma3, tiny_tokenizer, prompts):
@@ -104,7 +111,7 @@ def test_new_cache_keeps_every_state_of_every_layer(gemma3):
 
 
 @pytest.mark.parametrize("acceptance", ["greedy", "threshold:0.05"])
-@pytest.mark.parametrize("regenerate", ["plain", "lookup"])
+@pytest.mark.parametrize("regenerate", REGENERATIONS)
 def test_fast_path_counts_equal_the_engines(gemma3, tiny_tokenizer, prompts, acceptance, regenerate):
     """Drafting batched across the prefixes (left-padded, past the window) and the final
     update from the state it leaves: the stepwise engine's drafts, answer and forwards."""

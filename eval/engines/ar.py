@@ -18,11 +18,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 
-from eval.engines.base import StreamingEngine, UpdateResult, crop_cache, new_cache
+from eval.engines.base import StreamingEngine, UpdateResult, crop_cache, keep_cache_positions, new_cache
 from eval.engines.decode import DecodeSpec
 from eval.engines.lookup import AnyProposer, LookupPolicy, update_proposer
+from eval.engines.token_tree import TokenTree
 from eval.engines.tokens import common_prefix_length, through_first_eos
 
 
@@ -50,6 +51,7 @@ class AREngine(StreamingEngine):
     def __init__(self, model: PreTrainedModel, eos_token_ids: set[int], decode: DecodeSpec) -> None:
         super().__init__(model, eos_token_ids, decode)
         self.proposals: Counter[str] = Counter()  # regeneration forwards by proposal_outcome
+        self.tree_widths: Counter[int] = Counter()  # token-tree forwards by number of nodes
 
     def new_state(self, lookup: bool = True) -> DecodeState:
         """A fresh request; `lookup=False` regenerates plainly whatever the decode settings say."""
@@ -118,15 +120,74 @@ class AREngine(StreamingEngine):
         block per forward: the proposal's run that greedy would produce, plus the
         token the forward yields. The cache ends over prompt + answer[:-1]."""
         while not self.finished(answer):
-            proposal = proposer.propose(answer, self.max_new_tokens - len(answer) - 1) if proposer else []
-            logits = self.forward(state, answer[-1:] + proposal, phase, logits_to_keep=len(proposal) + 1)
-            predicted = logits.argmax(-1).tolist()
-            kept = common_prefix_length(proposal, predicted)
-            self.proposals[proposal_outcome(proposal, kept)] += 1
-            answer = answer + through_first_eos(proposal[:kept] + [predicted[kept]], self.eos_token_ids)
+            branches = proposer.branches(answer, self.max_new_tokens - len(answer) - 1) if proposer else []
+            added = self._tree_step(state, answer, TokenTree.from_branches(branches), phase) if len(branches) > 1 \
+                else self._chain_step(state, answer, branches[0] if branches else [], phase)
+            answer = answer + through_first_eos(added, self.eos_token_ids)
             self.crop(state, prompt_length + len(answer) - 1)
         return answer
+
+    def _chain_step(self, state: DecodeState, answer: list[int], proposal: list[int], phase: str) -> list[int]:
+        """One forward over (last token, proposal): the run of the proposal greedy decoding
+        produces and the token after it."""
+        logits = self.forward(state, answer[-1:] + proposal, phase, logits_to_keep=len(proposal) + 1)
+        predicted = logits.argmax(-1).tolist()
+        kept = common_prefix_length(proposal, predicted)
+        self.proposals[proposal_outcome(proposal, kept)] += 1
+        return proposal[:kept] + [predicted[kept]]
+
+    @torch.inference_mode()
+    def _tree_step(self, state: DecodeState, answer: list[int], tree: TokenTree, phase: str) -> list[int]:
+        """One forward over the last token and the tree's nodes: the path greedy decoding agrees
+        with and the token after it; the cache keeps that path's KV only."""
+        past, device = len(state.cached_ids), self.model.device
+        positions = torch.tensor([[past, *(past + depth for depth in tree.depths())]], device=device)
+        output = self.model(input_ids=torch.tensor([answer[-1:] + tree.tokens], device=device),
+                            past_key_values=state.cache, use_cache=True, position_ids=positions,
+                            attention_mask=tree_masks(self.model.config, tree, past, self.model.dtype, device))
+        self.forwards[phase] += 1
+        self.tree_widths[len(tree.tokens)] += 1
+        predicted = output.logits[0].argmax(-1).tolist()
+        path = tree.accepted_path(predicted)
+        keep_cache_positions(state.cache, [*range(past + 1), *(past + 1 + node for node in path)])
+        accepted = [tree.tokens[node] for node in path]
+        state.cached_ids.extend(answer[-1:] + accepted)
+        self.proposals["full" if len(path) == max(tree.depths()) else "partial" if path else "wrong"] += 1
+        return accepted + [predicted[path[-1] + 1 if path else 0]]
 
     @staticmethod
     def crop(state: DecodeState, length: int) -> None:
         crop_cache(state.cache, state.cached_ids, length)
+
+
+def tree_masks(config: PretrainedConfig, tree: TokenTree, past: int, dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The tree forward's attention masks: one per layer type where the model has several
+    (a sliding layer sees only its window), else one."""
+    if not getattr(config, "layer_types", None):
+        return tree_attention_mask(tree, past, dtype).to(device)
+    masks = {}
+    for layer_type in set(config.layer_types):
+        if layer_type not in ("full_attention", "sliding_attention"):
+            raise ValueError(f"decode.lookup_tree > 1 cannot mask {layer_type} layers; use decode.lookup_tree=1")
+        window = config.sliding_window if layer_type == "sliding_attention" else None
+        masks[layer_type] = tree_attention_mask(tree, past, dtype, window).to(device)
+    return masks
+
+
+def tree_attention_mask(tree: TokenTree, past: int, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+    """Additive mask (1, 1, 1 + nodes, past + 1 + nodes) of the forward over the root and the
+    nodes after `past` cached tokens: each row sees everything cached, the root, its node's
+    ancestors and itself; with `window`, only keys fewer than `window` positions behind."""
+    size = 1 + len(tree.tokens)
+    allowed = torch.zeros(size, past + size, dtype=torch.bool)
+    allowed[:, : past + 1] = True
+    for node in range(len(tree.tokens)):
+        allowed[node + 1, [past + 1 + ancestor for ancestor in tree.ancestors(node)]] = True
+    if window is not None:
+        depths = torch.tensor([0, *tree.depths()])
+        key_positions = torch.cat([torch.arange(past + 1), past + depths[1:]])
+        allowed &= (past + depths)[:, None] - key_positions[None, :] < window
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]

@@ -70,6 +70,14 @@ def crop_cache(cache: DynamicCache, held: list, length: int) -> None:
     del held[length:]
 
 
+def keep_cache_positions(cache: DynamicCache, positions: list[int]) -> None:
+    """Keep only the cache entries at `positions` (in order): the accepted branch of a token tree."""
+    index = torch.tensor(positions, device=cache.layers[0].keys.device)
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)
+
+
 def set_cache_batch(cache: DynamicCache, rows: int) -> None:
     """Give the cache `rows` identical batch rows (it holds one shared context)."""
     current = cache.layers[0].keys.shape[0]

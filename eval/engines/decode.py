@@ -20,7 +20,8 @@ REGENERATE_MODES = ("plain", "lookup")
 # How a timed phase is clocked on CUDA (eval.engines.clock); here, torch-free, for the config.
 TIMING_MODES = ("sync", "events")
 # Settings that change the numbers, beyond acceptance, max_new_tokens and regenerate.
-LOOKUP_KEYS = ("lookup_match", "lookup_ngram", "lookup_min_ngram", "lookup_block", "lookup_max_block", "lookup_occurrence")
+LOOKUP_KEYS = ("lookup_match", "lookup_ngram", "lookup_min_ngram", "lookup_block", "lookup_max_block", "lookup_tree",
+               "lookup_occurrence")
 DIFFUSION_KEYS = {
     "refusion": ("engine", "slot_size", "serial_blocks", "slot_threshold", "token_threshold", "draft_in_context"),
     "bidirectional": ("engine", "diffusion_steps"),
@@ -69,6 +70,11 @@ class DecodeSpec:
         default=0,
         metadata={"help": "lookup_match=longest: propose twice the matched context's length, from lookup_block up to this "
                           "many tokens (0: always lookup_block)."},
+    )
+    lookup_tree: int = field(
+        default=1,
+        metadata={"help": "lookup_match=longest: distinct continuations verified in one forward as a token tree, best "
+                          "matching context first (1: one chain; eval/engines/token_tree.py)."},
     )
     lookup_occurrence: str = field(
         default="first",
@@ -126,6 +132,9 @@ class DecodeSpec:
         if self.lookup_max_block and (self.lookup_max_block < self.lookup_block or self.lookup_match != "longest"):
             raise ValueError(f"decode.lookup_max_block={self.lookup_max_block} needs decode.lookup_match=longest and "
                              f">= decode.lookup_block ({self.lookup_block}); 0 turns it off")
+        if self.lookup_tree < 1 or (self.lookup_tree > 1 and self.lookup_match != "longest"):
+            raise ValueError(f"decode.lookup_tree={self.lookup_tree} must be >= 1, and above 1 needs "
+                             "decode.lookup_match=longest")
         if self.lookup_occurrence not in OCCURRENCES:
             raise ValueError(f"decode.lookup_occurrence must be one of {', '.join(OCCURRENCES)}, not {self.lookup_occurrence!r}")
         if self.slot_size < 1 or self.serial_blocks < 1 or self.diffusion_steps < 1:
@@ -145,7 +154,7 @@ class DecodeSpec:
         if self.regenerate != "lookup":
             return None
         return LookupPolicy(self.lookup_ngram, self.lookup_block, self.lookup_occurrence, self.lookup_min_ngram,
-                            self.lookup_match, self.lookup_max_block)
+                            self.lookup_match, self.lookup_max_block, self.lookup_tree)
 
     @property
     def fast(self) -> bool:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from eval.engines.suffix_index import SuffixIndex
-from eval.engines.tokens import answer_finished, common_prefix_length, through_first_eos
+from eval.engines.token_tree import TreeProposer, tree_matched
+from eval.engines.tokens import answer_finished, through_first_eos
 
 if TYPE_CHECKING:  # decode.py imports this module
     from eval.engines.decode import DecodeSpec
@@ -42,6 +43,7 @@ class LookupPolicy:
     min_ngram: int
     match: str = "ngram"
     max_block: int = 0  # 0: always `block`
+    tree: int = 1  # branches verified per forward (1: a chain)
 
     def proposal_length(self, context: int) -> int:
         """Tokens proposed after a match of `context` tokens: a long match earns a long block."""
@@ -80,6 +82,10 @@ class LongestMatchProposer:
         limit = min(self.policy.proposal_length(context), budget)
         return through_first_eos(self.index.tokens_after(follow, limit), self.eos_token_ids)
 
+    def branches(self, answer: list[int], budget: int) -> list[list[int]]:
+        """The proposal as a one-branch tree (none when nothing is proposed)."""
+        return chain_branches(self.propose(answer, budget))
+
 
 class Proposer:
     """N-gram lookup over a fixed list of sources. Each source is indexed once:
@@ -114,8 +120,16 @@ class Proposer:
                     return through_first_eos(source[follow : follow + limit], self.eos_token_ids)
         return []
 
+    def branches(self, answer: list[int], budget: int) -> list[list[int]]:
+        """The proposal as a one-branch tree (none when nothing is proposed)."""
+        return chain_branches(self.propose(answer, budget))
 
-AnyProposer = Proposer | LongestMatchProposer
+
+def chain_branches(proposal: list[int]) -> list[list[int]]:
+    return [proposal] if proposal else []
+
+
+AnyProposer = Proposer | LongestMatchProposer | TreeProposer
 
 
 def update_proposer(
@@ -129,7 +143,7 @@ def update_proposer(
     drafts (newest first), then the request, searched in that order. None: plain."""
     if policy is None:
         return None
-    proposer = LongestMatchProposer if policy.match == "longest" else Proposer
+    proposer = TreeProposer if policy.tree > 1 else LongestMatchProposer if policy.match == "longest" else Proposer
     return proposer([held_tail, *earlier_drafts, prompt_ids], policy, eos_token_ids)
 
 
@@ -138,8 +152,8 @@ def regeneration_forwards(answer: list[int], start: int, proposer: AnyProposer |
     yields `answer[start]`), when `answer` is what greedy decoding produces."""
     length, forwards = start + 1, 0
     while length < len(answer):
-        proposal = proposer.propose(answer[:length], max_new_tokens - length - 1) if proposer else []
-        matched = common_prefix_length(proposal, answer[length:])
+        branches = proposer.branches(answer[:length], max_new_tokens - length - 1) if proposer else []
+        matched = tree_matched(branches, answer[length:])
         length = min(length + matched + 1, len(answer))
         forwards += 1
     return forwards

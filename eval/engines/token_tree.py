@@ -1,0 +1,114 @@
+"""Token-tree proposals (`decode.lookup_tree`): several continuations verified in one forward.
+
+The candidates are the occurrences in the sources of the answer's last tokens, ranked by the
+length of their matching context (longest first, ties by source order: `lookup_match=longest`'s
+order, so its first branch is that proposer's proposal). The first `lookup_tree` distinct
+continuations form a trie. One forward over the answer's last token and the trie's nodes, each
+node attending to the cache and to its own ancestors at the position of its depth, gives greedy
+decoding's next token after every node; the longest root-to-node path that greedy decoding
+agrees with is kept (its KV only), with the token the forward yields after it. Counted as one
+forward whatever its width (PROTOCOL.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from eval.engines.suffix_index import SuffixIndex
+from eval.engines.tokens import common_prefix_length, through_first_eos
+
+if TYPE_CHECKING:  # lookup.py imports this module
+    from eval.engines.lookup import LookupPolicy
+
+ROOT = -1  # a node's parent when it follows the answer's last token
+
+
+@dataclass
+class TokenTree:
+    """A trie of proposals, flattened: node i holds `tokens[i]` after node `parents[i]`
+    (parents come before their children)."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_branches(cls, branches: list[list[int]]) -> TokenTree:
+        tree = cls()
+        children: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        for branch in branches:
+            parent = ROOT
+            for token in branch:
+                if (parent, token) not in children:
+                    children[(parent, token)] = len(tree.tokens)
+                    tree.tokens.append(token)
+                    tree.parents.append(parent)
+                parent = children[(parent, token)]
+        return tree
+
+    def depths(self) -> list[int]:
+        """Each node's distance from the root (1 for the root's children)."""
+        depths: list[int] = []
+        for parent in self.parents:
+            depths.append(1 if parent == ROOT else depths[parent] + 1)
+        return depths
+
+    def ancestors(self, node: int) -> list[int]:
+        """The nodes from the root's child down to `node`."""
+        chain = []
+        while node != ROOT:
+            chain.append(node)
+            node = self.parents[node]
+        return chain[::-1]
+
+    def accepted_path(self, predicted: list[int]) -> list[int]:
+        """The nodes of the longest path greedy decoding agrees with, root first:
+        `predicted[0]` is greedy's token after the root, `predicted[i + 1]` after node i."""
+        path: list[int] = []
+        current = ROOT
+        for node, (token, parent) in enumerate(zip(self.tokens, self.parents)):
+            if parent == current and token == predicted[current + 1]:
+                path.append(node)
+                current = node
+        return path
+
+
+def tree_matched(branches: list[list[int]], rest: list[int]) -> int:
+    """Tokens of `rest` the tree's best branch proposes in order (what one forward keeps)."""
+    return max((common_prefix_length(branch, rest) for branch in branches), default=0)
+
+
+class TreeProposer:
+    """The best few continuations in the sources by matching context (module docstring)."""
+
+    def __init__(self, sources: list[list[int]], policy: LookupPolicy, eos_token_ids: set[int]) -> None:
+        self.index = SuffixIndex(sources)  # its text: the sources joined by separators
+        self.policy = policy
+        self.eos_token_ids = eos_token_ids
+        self.after: dict[int, list[int]] = {}  # token -> positions it holds with a real token after it
+        text = self.index.text
+        for position in range(len(text) - 1):
+            if text[position] >= 0 and text[position + 1] >= 0:
+                self.after.setdefault(text[position], []).append(position)
+
+    def _context(self, answer: list[int], position: int) -> int:
+        text, context = self.index.text, 0
+        while context < len(answer) and context <= position and text[position - context] == answer[-1 - context]:
+            context += 1
+        return context
+
+    def branches(self, answer: list[int], budget: int) -> list[list[int]]:
+        """Up to `policy.tree` distinct continuations, best first, each at most the proposal
+        length its context earns and `budget`; cut at a source's end and after an EOS."""
+        if budget <= 0 or not answer:
+            return []
+        ranked = sorted((-self._context(answer, position), position) for position in self.after.get(answer[-1], ()))
+        chosen: list[list[int]] = []
+        for negative_context, position in ranked:
+            if -negative_context < self.policy.min_ngram or len(chosen) == self.policy.tree:
+                break
+            limit = min(self.policy.proposal_length(-negative_context), budget)
+            branch = through_first_eos(self.index.tokens_after(position + 1, limit), self.eos_token_ids)
+            if not any(taken[: len(branch)] == branch for taken in chosen):
+                chosen.append(branch)
+        return chosen
