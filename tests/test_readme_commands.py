@@ -81,6 +81,19 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m eval recipe=humaneval_smollm2 limit=40 timed_every=40 decode.max_new_tokens=128": RunCheap(CHECK_ONLY),
     "python -m eval recipe=humaneval_smollm2 limit=40 timed_every=40 decode.max_new_tokens=128 backend=vllm "
     "fast_batch_size=256": RunCheap(CHECK_ONLY),
+    # Longest match and token trees (docs/results.md): recorded answers, replayed and timed per policy
+    "python -m eval recipe=humaneval_smollm2 limit=40 timed_every=40 decode.max_new_tokens=128 backend=vllm "
+    "fast_batch_size=256 record_tokens=true output_dir=outputs/bench/lookup27/humaneval": Checked(),
+    "python -m eval recipe=humaneval_smollm2 benchmark=mbpp data_path=data/mbpp/mbpp.jsonl limit=40 timed_every=40 "
+    "decode.max_new_tokens=128 backend=vllm fast_batch_size=256 record_tokens=true "
+    "output_dir=outputs/bench/lookup27/mbpp": Checked(),
+    'python benchmarks/lookup_bound.py outputs/bench/lookup27/humaneval --policy lookup_match=longest --policy '
+    '"lookup_match=longest lookup_max_block=32" --policy "lookup_match=longest lookup_tree=4" --policy '
+    '"lookup_match=longest lookup_tree=8" --policy "lookup_match=longest lookup_tree=4 lookup_max_block=32" '
+    '--policy "lookup_match=longest lookup_tree=8 lookup_max_block=32"': HelpHas(),
+    'python benchmarks/bench_lookup_policy.py --limit 20 --threads 2 --drafts-from outputs/bench/lookup27/humaneval '
+    '--policy lookup_match=longest --policy "lookup_match=longest lookup_tree=4" --policy '
+    '"lookup_match=longest lookup_tree=8 lookup_max_block=32"': HelpHas(),
     "python -m data_builders recipe=embedded_prefix generation.backend=vllm generation.cache_files=[] "
     "generation.batch_size=36":
         Checked("tests/test_vllm_backend.py::test_self_distilled_data_built_on_vllm_matches_and_trains"),
