@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 from test_suffix_index import EOS
+from transformers import LlamaConfig
 
-from eval.engines.ar import tree_attention_mask
+from eval.engines.ar import tree_attention_mask, tree_masks
 from eval.engines.lookup import LongestMatchProposer, LookupPolicy, regeneration_forwards
 from eval.engines.token_tree import ROOT, TokenTree, TreeProposer, tree_matched
 from eval.engines.tokens import common_prefix_length
@@ -99,6 +101,15 @@ def test_the_mask_lets_a_node_see_the_cache_the_root_and_its_ancestors_only():
     windowed = tree_attention_mask(tree, past=2, dtype=torch.float32, window=2)[0, 0] == 0
     assert windowed[2].tolist() == [False, False, False, True, True, False]
     assert windowed[0].tolist() == [False, True, True, False, False, False]
+
+
+def test_a_tree_refuses_attention_that_ignores_its_mask():
+    config = LlamaConfig(num_hidden_layers=1, hidden_size=8, intermediate_size=8, num_attention_heads=1, vocab_size=10)
+    tree = TokenTree.from_branches([[2, 3], [5]])
+    assert tree_masks(config, tree, 2, torch.float32, torch.device("cpu")).shape == (1, 1, 4, 6)
+    config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="needs attention that takes a mask"):
+        tree_masks(config, tree, 2, torch.float32, torch.device("cpu"))
 
 
 def test_tree_matched_is_the_best_branch():

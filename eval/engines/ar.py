@@ -160,10 +160,16 @@ class AREngine(StreamingEngine):
         crop_cache(state.cache, state.cached_ids, length)
 
 
+TREE_ATTENTION = ("sdpa", "eager", None)  # None: transformers' default (sdpa where it can)
+
+
 def tree_masks(config: PretrainedConfig, tree: TokenTree, past: int, dtype: torch.dtype,
                device: torch.device) -> torch.Tensor | dict[str, torch.Tensor]:
     """The tree forward's attention masks: one per layer type where the model has several
     (a sliding layer sees only its window), else one."""
+    if config._attn_implementation not in TREE_ATTENTION:  # flash kernels take no custom mask: every node would see all
+        raise ValueError(f"decode.lookup_tree > 1 needs attention that takes a mask (sdpa or eager), "
+                         f"not {config._attn_implementation}; use decode.lookup_tree=1")
     if not getattr(config, "layer_types", None):
         return tree_attention_mask(tree, past, dtype).to(device)
     masks = {}
