@@ -88,7 +88,7 @@ def test_tree_regeneration_counts_by_hand():
 
 def test_the_mask_lets_a_node_see_the_cache_the_root_and_its_ancestors_only():
     tree = TokenTree.from_branches([[2, 3], [5]])  # nodes: 2 (root's), 3 (after 2), 5 (root's)
-    allowed = tree_attention_mask(tree, past=2, dtype=torch.float32)[0, 0] == 0
+    allowed = tree_attention_mask(tree, tree.depths(), past=2, dtype=torch.float32)[0, 0] == 0
     expected = torch.tensor([
         # cache0 cache1 root n0 n1 n2
         [1, 1, 1, 0, 0, 0],  # root
@@ -98,7 +98,7 @@ def test_the_mask_lets_a_node_see_the_cache_the_root_and_its_ancestors_only():
     ], dtype=torch.bool)
     assert torch.equal(allowed, expected)
     # window 2: a query sees keys fewer than 2 positions behind it (node 1 sits at position 2 + 2)
-    windowed = tree_attention_mask(tree, past=2, dtype=torch.float32, window=2)[0, 0] == 0
+    windowed = tree_attention_mask(tree, tree.depths(), past=2, dtype=torch.float32, window=2)[0, 0] == 0
     assert windowed[2].tolist() == [False, False, False, True, True, False]
     assert windowed[0].tolist() == [False, True, True, False, False, False]
 
@@ -106,10 +106,10 @@ def test_the_mask_lets_a_node_see_the_cache_the_root_and_its_ancestors_only():
 def test_a_tree_refuses_attention_that_ignores_its_mask():
     config = LlamaConfig(num_hidden_layers=1, hidden_size=8, intermediate_size=8, num_attention_heads=1, vocab_size=10)
     tree = TokenTree.from_branches([[2, 3], [5]])
-    assert tree_masks(config, tree, 2, torch.float32, torch.device("cpu")).shape == (1, 1, 4, 6)
+    assert tree_masks(config, tree, tree.depths(), 2, torch.float32, torch.device("cpu")).shape == (1, 1, 4, 6)
     config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="needs attention that takes a mask"):
-        tree_masks(config, tree, 2, torch.float32, torch.device("cpu"))
+        tree_masks(config, tree, tree.depths(), 2, torch.float32, torch.device("cpu"))
 
 
 def test_tree_matched_is_the_best_branch():

@@ -69,13 +69,14 @@ class AREngine(StreamingEngine):
 
     @torch.inference_mode()
     def forward(
-        self, state: DecodeState, token_ids: list[int], phase: str | None, logits_to_keep: int = 1
+        self, state: DecodeState, token_ids: list[int], phase: str | None, logits_to_keep: int = 1, **tree_inputs
     ) -> torch.Tensor:
         """Feed `token_ids` after the cached ones; logits of the last `logits_to_keep`
-        positions. Counted under `phase` (None: set-up work outside any measurement)."""
+        positions. Counted under `phase` (None: set-up work outside any measurement).
+        `tree_inputs`: a token tree's position ids and attention mask."""
         input_ids = torch.tensor([token_ids], device=self.model.device)
         output = self.model(
-            input_ids=input_ids, past_key_values=state.cache, use_cache=True, logits_to_keep=logits_to_keep
+            input_ids=input_ids, past_key_values=state.cache, use_cache=True, logits_to_keep=logits_to_keep, **tree_inputs
         )
         if phase:
             self.forwards[phase] += 1
@@ -136,23 +137,21 @@ class AREngine(StreamingEngine):
         self.proposals[proposal_outcome(proposal, kept)] += 1
         return proposal[:kept] + [predicted[kept]]
 
-    @torch.inference_mode()
     def _tree_step(self, state: DecodeState, answer: list[int], tree: TokenTree, phase: str) -> list[int]:
         """One forward over the last token and the tree's nodes: the path greedy decoding agrees
         with and the token after it; the cache keeps that path's KV only."""
-        past, device = len(state.cached_ids), self.model.device
-        positions = torch.tensor([[past, *(past + depth for depth in tree.depths())]], device=device)
-        output = self.model(input_ids=torch.tensor([answer[-1:] + tree.tokens], device=device),
-                            past_key_values=state.cache, use_cache=True, position_ids=positions,
-                            attention_mask=tree_masks(self.model.config, tree, past, self.model.dtype, device))
-        self.forwards[phase] += 1
+        past, device, depths = len(state.cached_ids), self.model.device, tree.depths()
+        positions = torch.tensor([[past, *(past + depth for depth in depths)]], device=device)
+        masks = tree_masks(self.model.config, tree, depths, past, self.model.dtype, device)
+        logits = self.forward(state, answer[-1:] + tree.tokens, phase, logits_to_keep=len(tree.tokens) + 1,
+                              position_ids=positions, attention_mask=masks)
         self.tree_widths[len(tree.tokens)] += 1
-        predicted = output.logits[0].argmax(-1).tolist()
+        predicted = logits.argmax(-1).tolist()
         path = tree.accepted_path(predicted)
         keep_cache_positions(state.cache, [*range(past + 1), *(past + 1 + node for node in path)])
         accepted = [tree.tokens[node] for node in path]
-        state.cached_ids.extend(answer[-1:] + accepted)
-        self.proposals["full" if len(path) == max(tree.depths()) else "partial" if path else "wrong"] += 1
+        state.cached_ids[past + 1 :] = accepted
+        self.proposals["full" if len(path) == max(depths) else "partial" if path else "wrong"] += 1
         return accepted + [predicted[path[-1] + 1 if path else 0]]
 
     @staticmethod
@@ -163,7 +162,7 @@ class AREngine(StreamingEngine):
 TREE_ATTENTION = ("sdpa", "eager", None)  # None: transformers' default (sdpa where it can)
 
 
-def tree_masks(config: PretrainedConfig, tree: TokenTree, past: int, dtype: torch.dtype,
+def tree_masks(config: PretrainedConfig, tree: TokenTree, depths: list[int], past: int, dtype: torch.dtype,
                device: torch.device) -> torch.Tensor | dict[str, torch.Tensor]:
     """The tree forward's attention masks: one per layer type where the model has several
     (a sliding layer sees only its window), else one."""
@@ -171,29 +170,31 @@ def tree_masks(config: PretrainedConfig, tree: TokenTree, past: int, dtype: torc
         raise ValueError(f"decode.lookup_tree > 1 needs attention that takes a mask (sdpa or eager), "
                          f"not {config._attn_implementation}; use decode.lookup_tree=1")
     if not getattr(config, "layer_types", None):
-        return tree_attention_mask(tree, past, dtype).to(device)
+        return tree_attention_mask(tree, depths, past, dtype).to(device)
     masks = {}
     for layer_type in set(config.layer_types):
         if layer_type not in ("full_attention", "sliding_attention"):
             raise ValueError(f"decode.lookup_tree > 1 cannot mask {layer_type} layers; use decode.lookup_tree=1")
         window = config.sliding_window if layer_type == "sliding_attention" else None
-        masks[layer_type] = tree_attention_mask(tree, past, dtype, window).to(device)
+        masks[layer_type] = tree_attention_mask(tree, depths, past, dtype, window).to(device)
     return masks
 
 
-def tree_attention_mask(tree: TokenTree, past: int, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+def tree_attention_mask(tree: TokenTree, depths: list[int], past: int, dtype: torch.dtype,
+                        window: int | None = None) -> torch.Tensor:
     """Additive mask (1, 1, 1 + nodes, past + 1 + nodes) of the forward over the root and the
-    nodes after `past` cached tokens: each row sees everything cached, the root, its node's
-    ancestors and itself; with `window`, only keys fewer than `window` positions behind."""
+    nodes (at `depths`) after `past` cached tokens: each row sees everything cached, the root,
+    its node's ancestors and itself; with `window`, only keys fewer than `window` positions behind."""
     size = 1 + len(tree.tokens)
     allowed = torch.zeros(size, past + size, dtype=torch.bool)
-    allowed[:, : past + 1] = True
-    for node in range(len(tree.tokens)):
-        allowed[node + 1, [past + 1 + ancestor for ancestor in tree.ancestors(node)]] = True
+    allowed[0, : past + 1] = True
+    for node, parent in enumerate(tree.parents):  # a parent's row comes first: it sees the node's ancestors
+        allowed[node + 1] = allowed[parent + 1]
+        allowed[node + 1, past + 1 + node] = True
     if window is not None:
-        depths = torch.tensor([0, *tree.depths()])
-        key_positions = torch.cat([torch.arange(past + 1), past + depths[1:]])
-        allowed &= (past + depths)[:, None] - key_positions[None, :] < window
+        query_positions = past + torch.tensor([0, *depths])
+        key_positions = torch.cat([torch.arange(past + 1), query_positions[1:]])
+        allowed &= query_positions[:, None] - key_positions[None, :] < window
     mask = torch.zeros(allowed.shape, dtype=dtype)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None]

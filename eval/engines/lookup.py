@@ -52,7 +52,19 @@ class LookupPolicy:
         return max(self.block, min(self.max_block, 2 * context))
 
 
-class LongestMatchProposer:
+class ChainProposer:
+    """A proposer of one continuation per forward (`propose`), seen as a one-branch tree."""
+
+    def propose(self, answer: list[int], budget: int) -> list[int]:
+        raise NotImplementedError
+
+    def branches(self, answer: list[int], budget: int) -> list[list[int]]:
+        """The proposal as a one-branch tree (none when nothing is proposed)."""
+        proposal = self.propose(answer, budget)
+        return [proposal] if proposal else []
+
+
+class LongestMatchProposer(ChainProposer):
     """Proposes what followed the longest context match in the sources (`SuffixIndex`); the
     answer's walk through the index is kept between calls of one update (the answer only grows)."""
 
@@ -82,12 +94,7 @@ class LongestMatchProposer:
         limit = min(self.policy.proposal_length(context), budget)
         return through_first_eos(self.index.tokens_after(follow, limit), self.eos_token_ids)
 
-    def branches(self, answer: list[int], budget: int) -> list[list[int]]:
-        """The proposal as a one-branch tree (none when nothing is proposed)."""
-        return chain_branches(self.propose(answer, budget))
-
-
-class Proposer:
+class Proposer(ChainProposer):
     """N-gram lookup over a fixed list of sources. Each source is indexed once:
     n-gram -> the position after its chosen occurrence (one with a token after it)."""
 
@@ -119,15 +126,6 @@ class Proposer:
                 if follow is not None:
                     return through_first_eos(source[follow : follow + limit], self.eos_token_ids)
         return []
-
-    def branches(self, answer: list[int], budget: int) -> list[list[int]]:
-        """The proposal as a one-branch tree (none when nothing is proposed)."""
-        return chain_branches(self.propose(answer, budget))
-
-
-def chain_branches(proposal: list[int]) -> list[list[int]]:
-    return [proposal] if proposal else []
-
 
 AnyProposer = Proposer | LongestMatchProposer | TreeProposer
 

@@ -12,15 +12,32 @@ within the source, falling back to shorter contexts when the longest one ends a 
 from __future__ import annotations
 
 
-class SuffixIndex:
-    """Suffix automaton of the sources' concatenation (states: longest length, suffix link,
-    transitions, earliest end position with a following token)."""
+class JoinedSources:
+    """The sources in order, each followed by a separator no token equals (so that no match
+    spans two sources)."""
 
     def __init__(self, sources: list[list[int]]) -> None:
         self.text: list[int] = []
         for number, source in enumerate(sources):
             self.text += source
             self.text.append(-1 - number)  # separator: matches nothing, not even another separator
+
+    def tokens_after(self, follow: int, limit: int) -> list[int]:
+        """Up to `limit` tokens from position `follow`, ending with the source they are in."""
+        tokens = []
+        for token in self.text[follow : follow + limit]:
+            if token < 0:  # the separator after the source
+                break
+            tokens.append(token)
+        return tokens
+
+
+class SuffixIndex(JoinedSources):
+    """Suffix automaton of the sources' concatenation (states: longest length, suffix link,
+    transitions, earliest end position with a following token)."""
+
+    def __init__(self, sources: list[list[int]]) -> None:
+        super().__init__(sources)
         self.nowhere = len(self.text)  # first_live of a state no token follows
         self.length, self.link, self.next = [0], [-1], [{}]
         self.first_live = [self.nowhere]
@@ -88,12 +105,3 @@ class SuffixIndex:
             state = self.link[state]
             matched = self.length[state]
         return -1, 0
-
-    def tokens_after(self, follow: int, limit: int) -> list[int]:
-        """Up to `limit` tokens from position `follow`, ending with the source they are in."""
-        tokens = []
-        for token in self.text[follow : follow + limit]:
-            if token < 0:  # the separator after the source
-                break
-            tokens.append(token)
-        return tokens

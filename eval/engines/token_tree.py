@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from eval.engines.suffix_index import SuffixIndex
+from eval.engines.suffix_index import JoinedSources
 from eval.engines.tokens import common_prefix_length, through_first_eos
 
 if TYPE_CHECKING:  # lookup.py imports this module
@@ -53,14 +53,6 @@ class TokenTree:
             depths.append(1 if parent == ROOT else depths[parent] + 1)
         return depths
 
-    def ancestors(self, node: int) -> list[int]:
-        """The nodes from the root's child down to `node`."""
-        chain = []
-        while node != ROOT:
-            chain.append(node)
-            node = self.parents[node]
-        return chain[::-1]
-
     def accepted_path(self, predicted: list[int]) -> list[int]:
         """The nodes of the longest path greedy decoding agrees with, root first:
         `predicted[0]` is greedy's token after the root, `predicted[i + 1]` after node i."""
@@ -82,7 +74,7 @@ class TreeProposer:
     """The best few continuations in the sources by matching context (module docstring)."""
 
     def __init__(self, sources: list[list[int]], policy: LookupPolicy, eos_token_ids: set[int]) -> None:
-        self.index = SuffixIndex(sources)  # its text: the sources joined by separators
+        self.index = JoinedSources(sources)
         self.policy = policy
         self.eos_token_ids = eos_token_ids
         self.after: dict[int, list[int]] = {}  # token -> positions it holds with a real token after it
