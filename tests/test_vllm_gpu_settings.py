@@ -59,6 +59,9 @@ def test_the_engine_starts_with_the_share_of_its_fullest_gpu(tiny_qwen3_dir):
     two = engine_args(model, tensor_parallel, "bfloat16", 512, {2: (117 * GIB, H200), 3: (60 * GIB, H200)})
     assert two["gpu_memory_utilization"] == free_memory_share(60 * GIB, H200, 2 * GIB)  # one share for both GPUs
     assert "gpu_memory_utilization" not in engine_args(model, VLLMSettings(), "float32", 512)  # CPU
+    # The model in the engine's process on the CPU (one vLLM import, not three); vLLM's own executor on GPUs.
+    assert engine_args(model, VLLMSettings(), "float32", 512)["distributed_executor_backend"] == "uni"
+    assert "distributed_executor_backend" not in one and "distributed_executor_backend" not in two
 
 
 def test_a_set_share_is_kept_and_refused_above_what_is_free(tiny_qwen3_dir):
@@ -141,16 +144,19 @@ def test_a_text_model_skips_the_tokenizer(tiny_qwen3_dir):
 @pytest.mark.slow
 @needs_vllm
 def test_the_installed_vllm_takes_every_argument_as_spelled(gemma3_config_dir, tmp_path):
-    """Each argument is a field of the installed vLLM's EngineArgs, and it keeps the values."""
-    llm = engine_args(VLLMModel(str(gemma3_config_dir)), VLLMSettings(), "bfloat16", 600, {0: (117 * GIB, H200)})
-    (tmp_path / "llm.json").write_text(json.dumps(llm))
+    """Each argument, on a GPU and on the CPU, is a field of the installed vLLM's EngineArgs, and it
+    keeps the values."""
+    model = VLLMModel(str(gemma3_config_dir))
+    both = [engine_args(model, VLLMSettings(), "bfloat16", 600, {0: (117 * GIB, H200)}),
+            engine_args(model, VLLMSettings(), "float32", 600)]
+    (tmp_path / "llm.json").write_text(json.dumps(both))
     script = ("import dataclasses, json, sys\nfrom vllm.engine.arg_utils import EngineArgs\n"
-              "llm = json.load(open(sys.argv[1]))\nargs = EngineArgs(**llm)\n"
-              "print(json.dumps({k: getattr(args, k) for k in llm}))\n")
+              "both = json.load(open(sys.argv[1]))\n"
+              "print(json.dumps([{k: getattr(EngineArgs(**llm), k) for k in llm} for llm in both]))\n")
     done = subprocess.run([str(vllm_python()), "-c", script, str(tmp_path / "llm.json")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == llm
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == both
 
 
 # --- 3. scripts/setup_vllm.sh keeps only the package asked for --------------------------------------
