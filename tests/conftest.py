@@ -134,7 +134,7 @@ def work_unit(item: pytest.Item) -> str:
     return name
 
 
-# The units that took longest on 2 cores (minutes: the Slurm streams about 7 each, vLLM's about 16
+# The units that took longest on 2 cores (minutes: the Slurm streams about 7 each, vLLM's about 10
 # over its units, the launches about 10), started first; the others follow, most slow tests first.
 LONGEST_FIRST = ("slurm", "test_vllm_backend.py", "torchrun")
 
