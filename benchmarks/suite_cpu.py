@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import resource
 import time
 from pathlib import Path
 
 import pytest
+
+from headstart.files import append_jsonl, read_jsonl
 
 
 def cpu_seconds() -> float:
@@ -37,10 +38,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     cpu, wall = cpu_seconds(), time.monotonic()
     yield
     row = {"test": item.nodeid, "cpu_s": round(cpu_seconds() - cpu, 2), "wall_s": round(time.monotonic() - wall, 2)}
-    out = Path(os.environ.get("SUITE_CPU_DIR", "suite-cpu"))
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / f"cpu-{os.getpid()}.jsonl").open("a") as f:
-        f.write(json.dumps(row) + "\n")
+    append_jsonl(Path(os.environ.get("SUITE_CPU_DIR", "suite-cpu")) / f"cpu-{os.getpid()}.jsonl", [row])
 
 
 def main() -> None:
@@ -48,7 +46,7 @@ def main() -> None:
     parser.add_argument("directory", help="the SUITE_CPU_DIR of a run")
     parser.add_argument("--top", type=int, default=25, help="how many tests and files to list")
     args = parser.parse_args()
-    rows = [json.loads(line) for path in Path(args.directory).glob("cpu-*.jsonl") for line in path.open()]
+    rows = [row for path in Path(args.directory).glob("cpu-*.jsonl") for row in read_jsonl(path)]
     if not rows:
         raise SystemExit(f"{args.directory}: no cpu-*.jsonl rows (was the run started with -p suite_cpu?)")
     print(f"{len(rows)} tests, {sum(r['cpu_s'] for r in rows):.0f} CPU-s in the workers and their subprocesses")

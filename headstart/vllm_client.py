@@ -235,9 +235,9 @@ def engine_args(model: VLLMModel, settings: VLLMSettings, dtype: str, needed_mod
     if eager:
         llm["enforce_eager"] = True
     if gpu_memory is None and settings.tensor_parallel_size == 1:
-        # On the CPU the model runs in the engine's own process ("uni"), and with the engine core
-        # in the worker's (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by VLLMEngines): one vLLM import
-        # instead of three. A SmolLM2 engine then starts in 25 s and 35 CPU-s, not 65 s and 52.
+        # On the CPU the model runs in the engine core's process ("uni"), and the engine core in
+        # the worker's (VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLMEngines' CPU environment): one vLLM
+        # import instead of three, about half the engine's start (docs/vllm.md).
         llm["distributed_executor_backend"] = "uni"
     if gpu_memory is not None:
         llm["gpu_memory_utilization"] = engine_gpu_memory_utilization(settings, gpu_memory)

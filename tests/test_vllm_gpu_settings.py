@@ -58,9 +58,10 @@ def test_the_engine_starts_with_the_share_of_its_fullest_gpu(tiny_qwen3_dir):
     tensor_parallel = VLLMSettings(tensor_parallel_size=2, gpu_memory_margin_gib=2)
     two = engine_args(model, tensor_parallel, "bfloat16", 512, {2: (117 * GIB, H200), 3: (60 * GIB, H200)})
     assert two["gpu_memory_utilization"] == free_memory_share(60 * GIB, H200, 2 * GIB)  # one share for both GPUs
-    assert "gpu_memory_utilization" not in engine_args(model, VLLMSettings(), "float32", 512)  # CPU
+    cpu = engine_args(model, VLLMSettings(), "float32", 512)
+    assert "gpu_memory_utilization" not in cpu
     # The model in the engine's process on the CPU (one vLLM import, not three); vLLM's own executor on GPUs.
-    assert engine_args(model, VLLMSettings(), "float32", 512)["distributed_executor_backend"] == "uni"
+    assert cpu["distributed_executor_backend"] == "uni"
     assert "distributed_executor_backend" not in one and "distributed_executor_backend" not in two
 
 
