@@ -8,15 +8,14 @@ A forward over a block of proposed tokens costs more than a one-token step on a
 CPU, so the block size that saves the most forwards is not the fastest. In one
 run, on the same warm model and the same requests:
 
-1. the cost of one forward against the number of tokens it feeds (1 to the largest block + 1) after a
-   cached context of about 300 tokens (median of --repeats calls);
+1. the cost of one forward against the number of tokens it feeds: this machine's width-cost table
+   for the model (eval/engines/width_cost.py; measured once, the one `decode.width_cost=auto` reads);
 2. for each policy (block sizes at n-grams 3..1, first occurrence; then n-gram
    lengths and occurrence at one block size), the residual update of each request (its
    drafts decoded once, greedy, and shared by every policy), timed at batch size 1
    right after the request's plain greedy baseline: median forward and wall-clock
    speedup, and forwards per residual. With --policy, only the default and the policies
-   given (decode overrides: longest match, token trees), and the cost table runs to the
-   widest tree's width.
+   given (decode overrides: longest match, token trees, `lookup_choice=cost width_cost=auto`).
 
 The drafts are cached under --output-dir, so a rerun only times; --drafts-from
 takes them from an evaluation run with `record_tokens=true` instead.
@@ -27,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
-from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,6 +40,8 @@ from eval.benchmarks import get_benchmark  # noqa: E402
 from eval.config import EvalConfig, decode_with  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
 from eval.engines.fast_path import Drafting, batched_greedy, final_update  # noqa: E402
+from eval.engines.width_cost import AUTO  # noqa: E402
+from eval.engines.width_cost import resolve as resolve_width_cost  # noqa: E402
 from eval.evaluator import StreamingEvaluator  # noqa: E402
 from eval.reporting.tables import markdown_rows  # noqa: E402
 from headstart.files import read_jsonl  # noqa: E402
@@ -51,22 +50,6 @@ from headstart.models import load_model  # noqa: E402
 BLOCKS = (2, 4, 6, 8, 10, 16, 24, 32)
 # (longest n-gram, shortest n-gram, occurrence) at --variant-block; blocks are swept at (3, 1, first).
 VARIANTS = ((1, 1, "first"), (2, 1, "first"), (4, 1, "first"), (3, 2, "first"), (3, 3, "first"), (3, 1, "last"))
-
-
-def forward_costs(evaluator: StreamingEvaluator, prompt_ids: list[int], widths: Iterable[int], repeats: int) -> dict[int, float]:
-    """Median seconds of one forward feeding `width` tokens after `prompt_ids` (cached; widths up to its length)."""
-    engine = evaluator.engine
-    costs = {}
-    for width in (w for w in widths if w <= len(prompt_ids)):
-        samples = []
-        for _ in range(repeats):
-            state = engine.new_state()
-            engine.forward(state, prompt_ids, phase=None)
-            start = time.perf_counter()
-            engine.forward(state, prompt_ids[-width:], phase=None, logits_to_keep=width)
-            samples.append(time.perf_counter() - start)
-        costs[width] = statistics.median(samples)
-    return costs
 
 
 def recorded_drafts(results_dir: Path) -> dict[str, list[list[int]]]:
@@ -119,7 +102,6 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=12)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--variant-block", type=int, default=10, help="block size of the n-gram and occurrence variants")
     parser.add_argument("--output-dir", default=str(outputs_dir("bench", "lookup_policy")))
     parser.add_argument("--policy", action="append", default=[],
@@ -134,10 +116,11 @@ def main() -> None:
     plain = StreamingEvaluator(loaded, replace(base, decode=replace(base.decode, regenerate="plain")))
     plain.warm_up(requests[0])
 
-    widths = (1, 2, 4, 8, 16, 33, 65, 129, 257) if args.policy else range(1, max(BLOCKS) + 2)
-    costs = forward_costs(plain, plain.prompts(requests[0])[-1][:300], widths, args.repeats)
+    table = resolve_width_cost(AUTO, args.model, str(loaded.model.device), loaded.model)
+    print(f"{table.machine}, after {table.context} cached tokens:\n")
     print(markdown_rows(["tokens fed", "ms per forward", "x one-token step"],
-                        [[str(w), f"{c * 1e3:.1f}", f"{c / costs[1]:.2f}x"] for w, c in costs.items()]), flush=True)
+                        [[str(w), f"{c * 1e3:.1f}", f"{table.relative(w):.2f}x"] for w, c in zip(table.widths, table.seconds)]),
+          flush=True)
 
     if args.drafts_from:
         drafts = recorded_drafts(Path(args.drafts_from))

@@ -11,6 +11,9 @@ oracle that proposes, at every forward, the longest prefix of the rest of the an
 found anywhere in the same sources (held draft tail, earlier drafts, request), up to
 the block size. No proposer that draws on these sources can beat
 the oracle, so its median bounds what a better policy could buy on these answers.
+With --width-cost (a table file, eval/engines/width_cost.py), each policy's wall-clock
+speedup as that table prices its forwards (the prefill and steps of the baseline against
+the verify pass and the regeneration forwards, each at its width) is printed beside.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ use_checkout()  # the checkout's eval, train and data_builders: not installed (h
 from eval.benchmarks import get_benchmark  # noqa: E402
 from eval.config import decode_with  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
-from eval.engines.lookup import update_cost  # noqa: E402
+from eval.engines.lookup import update_widths  # noqa: E402
 from eval.engines.tokens import common_prefix_length  # noqa: E402
+from eval.engines.width_cost import WidthCost  # noqa: E402
 from eval.evaluator import StreamingEvaluator  # noqa: E402
 from eval.reporting.tables import markdown_rows  # noqa: E402
 from eval.results_dir import saved_config  # noqa: E402
+from eval.typing_sim import verify_width  # noqa: E402
 from headstart.files import read_jsonl  # noqa: E402
 from headstart.models import load_model  # noqa: E402
 
@@ -60,7 +65,9 @@ def main() -> None:
     parser.add_argument("--blocks", default="8,32", help="the oracle's block sizes")
     parser.add_argument("--policy", action="append", default=[],
                         help="another lookup policy to replay: decode overrides, e.g. 'lookup_match=longest'")
+    parser.add_argument("--width-cost", default=None, help="a width-cost table: also each policy's wall clock as it prices it")
     args = parser.parse_args()
+    table = WidthCost.load(args.width_cost) if args.width_cost else None
     config = saved_config(args.results_dir)
     records = {r["request_id"]: r for r in read_jsonl(args.results_dir / "results.jsonl")}
     if records and "draft_token_ids" not in next(iter(records.values())):
@@ -72,20 +79,28 @@ def main() -> None:
     requests = [r for r in get_benchmark(config.benchmark, config.data_path).load() if r.request_id in records]
     blocks = [int(b) for b in args.blocks.split(",")]
     speedups: dict[str, list[float]] = {name: [] for name in policies} | {f"oracle, block {b}": [] for b in blocks}
+    priced: dict[str, list[float]] = {name: [] for name in policies}
     for request in requests:
-        record, prompt = records[request.request_id], evaluator.prompts(request)[-1]
+        record, (previous, prompt) = records[request.request_id], evaluator.prompts(request)[-2:]
         drafts, answer = record["draft_token_ids"], record["base_token_ids"]
         held = drafts[-1]
         kept = common_prefix_length(held, answer)
         for name, decode in policies.items():
-            speedups[name].append(len(answer) / update_cost(held, answer, kept, drafts[:-1][::-1], prompt, decode, eos))
+            widths = [verify_width(previous + held[:-1], prompt, held)]
+            widths += update_widths(held, answer, kept, drafts[:-1][::-1], prompt, decode, eos)
+            speedups[name].append(len(answer) / len(widths))
+            if table:
+                baseline = table.relative(len(prompt)) + len(answer) - 1
+                priced[name].append(baseline / sum(map(table.relative, widths)))
         for block in blocks:
             whole = kept == len(held) == len(answer)
             forwards = 1 if whole else 1 + oracle_forwards(answer, kept, [held[kept:], *drafts[:-1], prompt], block)
             speedups[f"oracle, block {block}"].append(len(answer) / forwards)
-    rows = [[name, f"{statistics.median(v):.2f}x", f"{statistics.mean(v):.2f}x"] for name, v in speedups.items()]
+    rows = [[name, f"{statistics.median(v):.2f}x", f"{statistics.mean(v):.2f}x"]
+            + ([f"{statistics.median(priced[name]):.2f}x" if name in priced else "-"] if table else [])
+            for name, v in speedups.items()]
     print(f"{config.benchmark}, {len(requests)} requests, residual forwards against plain greedy decoding\n")
-    print(markdown_rows(["proposer", "speedup (med)", "speedup (mean)"], rows))
+    print(markdown_rows(["proposer", "speedup (med)", "speedup (mean)"] + (["priced wall (med)"] if table else []), rows))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from eval.engines.fast_path import (
     round_drafts,
 )
 from eval.engines.refusion import RefusionEngine
+from eval.engines.width_cost import use_auto_table
 from headstart.models import LoadedModel
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 from headstart.refusion import mask_token_id
@@ -39,6 +40,7 @@ class StreamingEvaluator:
         self.untimed = untimed
         self.config = config
         self.decode = config.decode
+        use_auto_table(self.decode, config.model, loaded.model)
         # The fast path batches AR drafting across requests: AR decoding only.
         self.fast = self.decode.fast
         self.engine = build_engine(loaded, self.decode)

@@ -85,8 +85,10 @@ class LiveModel:
 
     def __init__(self, loaded: LoadedModel, config: LiveConfig) -> None:
         from eval.engines.ar import AREngine  # torch: not for `--help`
+        from eval.engines.width_cost import use_auto_table
 
         self.loaded = loaded
+        use_auto_table(config.decode, config.model, loaded.model)
         self.engine = AREngine(loaded.model, loaded.eos_token_ids, config.decode)
         self.system = resolve_system_message(config.system_prompt, config.model)
         self.worker = ThreadPoolExecutor(max_workers=1)

@@ -11,8 +11,10 @@ from typing import Any
 from eval.benchmarks import data_fingerprint
 from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
+from eval.engines.width_cost import AUTO, auto_path
 from eval.shards import SHARDS_DIR
 from headstart.config import config_to_dict
+from headstart.devices import resolve_device
 from headstart.models import weights_fingerprint
 from headstart.run_dir import check_output_dir
 
@@ -45,6 +47,8 @@ def result_settings(config: EvalConfig) -> dict[str, Any]:
     values = config_to_dict(config)
     decode = values.pop("decode")
     settings = {k: values[k] for k in RESULT_KEYS} | {k: decode[k] for k in config.decode.result_keys()}
+    if settings.get("width_cost") == AUTO:  # the table this machine's `auto` names: another machine's counts differ
+        settings["width_cost"] = str(auto_path(config.model, resolve_device(config.device)))
     return settings | {
         "weights_fingerprint": weights_fingerprint(config.model, config.adapter),
         "data_fingerprint": data_fingerprint(config.benchmark, config.data_path),

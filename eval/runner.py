@@ -14,6 +14,8 @@ from tqdm import tqdm
 from eval.benchmarks import Benchmark, Request, get_benchmark
 from eval.config import EvalConfig
 from eval.engines.decode import DIFFUSION_ENGINES, decode_label
+from eval.engines.width_cost import AUTO
+from eval.engines.width_cost import resolve as resolve_width_cost
 from eval.evaluator import StreamingEvaluator
 from eval.reporting.metrics import running_medians, summarize
 from eval.reporting.tables import markdown_table
@@ -147,6 +149,8 @@ def run_evaluation(
     wanted = {r.request_id for r in requests}
     summary = summarize([r for r in records if r["request_id"] in wanted])
     summary |= summary_labels(config) | {key: prepared.settings[key] for key in FINGERPRINT_KEYS}
+    if config.typing and config.decode.width_cost == AUTO and not todo:  # no model loaded: this machine's table, read
+        config.decode.use_width_table(resolve_width_cost(AUTO, config.model, str(resolve_device(config.device))))
     typing = typing_report(config, [r for r in records if r["request_id"] in wanted], output_dir, summary)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     table = markdown_table({config.benchmark: summary})

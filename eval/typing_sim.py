@@ -15,16 +15,18 @@ Where durations come from (the design choice, and why):
   holding D_j are `lookup.update_cost`, the count the engine executes (checked
   against the stepwise engine in tests/test_ar_engine.py). Other rules make D_i
   depend on the held draft, which would need the model at report time: refused.
-- Seconds = forwards x a per-request rate measured on this model and machine and
-  already recorded in results.jsonl: drafting updates at the baseline's rate
-  (baseline_seconds / baseline_forwards, batch-1 decode steps on this request's
-  context), the final update at the residual phase's own rate. So the unlimited
-  typist (every update done before the next segment) reproduces the sentence
-  replay exactly (forwards and seconds: the scale factor is exactly 1), the
-  baseline is the measured one, and a report rebuilt from results.jsonl is the same
-  report (no clock is read here). Cost: a forward's cost is taken as independent
-  of its width, a fair approximation at batch 1 (memory-bound steps), rough for a
-  verify pass over a long new segment.
+- Seconds = each forward's cost x a per-request rate measured on this model and machine
+  and already recorded in results.jsonl. A forward's cost is in one-token steps: its
+  width's under `decode.width_cost` (a verify pass over a new segment, a proposal, a
+  token tree cost several steps on a CPU; eval/engines/width_cost.py), one step each
+  without a table. Drafting updates run at the baseline's rate (baseline_seconds over
+  its steps: a prefill of the prompt, then one-token steps on this request's context);
+  the final update is the sentence replay's own residual_seconds, scaled by its cost
+  against the replay's final update. So the unlimited typist (every update done before
+  the next segment) reproduces the sentence replay exactly (the scale factor is exactly
+  1), the baseline is the measured one, and a report rebuilt from results.jsonl is the
+  same report (no clock is read here). The cache a verify pass reuses is taken to hold
+  the previous update's prompt and answer (an abandoned update's work is not kept).
 """
 
 from __future__ import annotations
@@ -36,11 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from eval.engines.decode import AR_ENGINES, DecodeSpec
-from eval.engines.lookup import update_cost
+from eval.engines.lookup import update_widths
 from eval.engines.tokens import common_prefix_length
 
 POLICIES = ("finish", "abandon")
-CURVE_CPM = (200, 400, 800)  # the speeds every typing report plots, beside the unlimited typist
+# The speeds every typing report plots, beside the unlimited typist: 260 is the measured average
+# typist (about 52 words a minute), the headline speed.
+AVERAGE_TYPIST_CPM = 260
+CURVE_CPM = (200, AVERAGE_TYPIST_CPM, 400, 800)
 # Arrival spacing of the unlimited typist: longer than any update (checked), so every
 # update finishes first; finite, so times stay ordinary floats.
 UNLIMITED_GAP = 1e9
@@ -148,27 +153,39 @@ def typing_inputs(record: dict[str, Any]) -> None:
                          "`typing`; evaluate into another output_dir with typing set")
 
 
+def verify_width(cached: list[int], prompt: list[int], held: list[int]) -> int:
+    """Tokens the verify pass feeds (`AREngine.update`): the prompt and held draft past what the
+    cache holds, at least the prompt's last token."""
+    sequence = prompt + held
+    return len(sequence) - min(common_prefix_length(cached, sequence), len(prompt) - 1)
+
+
 def simulate(record: dict[str, Any], typist: Typist, policy: str, decode: DecodeSpec) -> TypedRequest:
     """Type one recorded request (`typing_inputs`) and replay drafting in simulated time."""
     typing_inputs(record)
     drafts, prompts = record["draft_token_ids"], record["prompt_token_ids"]
     eos = set(record["eos_token_ids"])
     arrivals = typist.arrivals(record["segments"])
-    draft_rate = record["baseline_seconds"] / record["baseline_forwards"]
+    table = decode.width_table
+    steps = table.relative if table else lambda width: 1.0  # a forward's cost in one-token steps
 
-    def forwards(held: list[int], answer: list[int], earlier: list[list[int]], index: int) -> int:
-        accepted = common_prefix_length(held, answer)
-        return update_cost(held, answer, accepted, earlier, prompts[index], decode, eos)
+    def update(held: list[int], answer: list[int], earlier: list[list[int]], index: int,
+               cached: list[int]) -> tuple[int, float]:
+        """Forwards of the update to `answer` (from prompt `index`, holding `held`) and their cost in steps."""
+        widths = update_widths(held, answer, common_prefix_length(held, answer), earlier, prompts[index], decode, eos)
+        return 1 + len(widths), steps(verify_width(cached, prompts[index], held)) + sum(map(steps, widths))
 
-    held, earlier, covered, free = [], [], 0, 0.0  # covered: segments the held draft answers
+    baseline_steps = steps(len(prompts[-1])) + record["baseline_forwards"] - 1  # a prefill, then one-token steps
+    draft_rate = record["baseline_seconds"] / baseline_steps  # seconds per step on this request's context
+    held, earlier, cached, covered, free = [], [], [], 0, 0.0  # covered: segments the held draft answers
     updates = kept = abandoned = spent = 0
     while True:
         start = max(free, arrivals[covered])
         newest = max(i for i, t in enumerate(arrivals) if t <= start)
         if newest == len(arrivals) - 1:
             break
-        cost = forwards(held, drafts[newest], earlier, newest)
-        duration = cost * draft_rate
+        cost, cost_steps = update(held, drafts[newest], earlier, newest, cached)
+        duration = cost_steps * draft_rate
         if typist.gaps is None and duration >= UNLIMITED_GAP:
             raise ValueError(f"an update of {duration:g} s exceeds the unlimited typist's gap")
         updates += 1
@@ -180,10 +197,14 @@ def simulate(record: dict[str, Any], typist: Typist, policy: str, decode: Decode
             continue
         earlier = ([held] if held else []) + earlier
         held, covered, free, spent = drafts[newest], newest + 1, start + duration, spent + cost
-    final = forwards(held, record["stream_token_ids"], earlier, len(arrivals) - 1)
+        cached = prompts[newest] + held[:-1]
+    final, final_steps = update(held, record["stream_token_ids"], earlier, len(arrivals) - 1, cached)
     waited = max(0.0, free - arrivals[-1])
-    # Scaled by exactly 1.0 when the final update is the sentence replay's own.
-    seconds = record["residual_seconds"] * (final / record["residual_forwards"])
+    # The sentence replay's final update (held D_{n-1}) took residual_seconds: scaled by its cost, exactly 1.0
+    # when the final update is that one.
+    replayed = update(drafts[-1], record["stream_token_ids"], drafts[-2::-1], len(arrivals) - 1,
+                      prompts[-2] + drafts[-1][:-1])[1]
+    seconds = record["residual_seconds"] * (final_steps / replayed)
     return TypedRequest(waited + seconds, record["baseline_seconds"], final, updates, kept, abandoned, waited, spent)
 
 
@@ -227,7 +248,7 @@ def break_even_cpm(records: list[dict[str, Any]], policy: str, decode: DecodeSpe
 
 def typing_summary(records: list[dict[str, Any]], typist: Typist, policy: str, decode: DecodeSpec) -> dict[str, Any]:
     """The typing report of one benchmark: the configured typist's per-request rows, the
-    curve (200, 400, 800 cpm and unlimited), and the speed where the gain disappears."""
+    curve (`CURVE_CPM` and unlimited), and the speed where the gain disappears."""
     check_typing_decode(decode)
     valid = valid_records(records)
     if not valid:

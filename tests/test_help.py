@@ -44,9 +44,10 @@ ENTRY_POINTS = {
     "train.download": (["-m", "train.download"], "train.config:TrainRecipe", ["model", "training"], {}),
     "train.memory": (["-m", "train.memory"], "train.memory:MemoryArgs", [], {"gpus": "GPUs the run is launched on"}),
     "eval.verifier_check": (["-m", "eval.verifier_check"], "eval.verifier_check:VerifierCheckConfig", [], {}),
+    "eval.width_cost": (["-m", "eval.width_cost"], "eval.width_cost:WidthCostConfig", [], {"repeats": "Timed forwards"}),
 }
 # Entry points whose `--help` imports neither torch nor transformers.
-TORCH_FREE = {"eval", "eval.before_after", "eval.live", "data_builders", "study", "train.memory"}
+TORCH_FREE = {"eval", "eval.before_after", "eval.live", "data_builders", "study", "train.memory", "eval.width_cost"}
 HEAVY = ("torch", "transformers")
 
 

@@ -12,7 +12,8 @@ from test_ar_engine import MAX_NEW_TOKENS, make_evaluator, naive_greedy
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.engines.lookup import LookupPolicy, Proposer, regeneration_forwards, update_cost
+from eval.engines.lookup import LookupPolicy, Proposer, regeneration_widths, update_cost, update_proposer
+from eval.engines.token_tree import tree_matched
 from eval.evaluator import StreamingEvaluator
 from headstart.config import RecipeError, load_config
 from headstart.models import load_model
@@ -36,8 +37,8 @@ def test_an_inserted_token_costs_one_plain_step_then_the_draft_rejoins():
     Verify + 2 forwards, against 9 - 2 = 7 with plain regeneration."""
     held, answer = [1, 2, 3, 4, 5, 6, 7, EOS], [1, 2, 9, 3, 4, 5, 6, 7, EOS]
     proposer = Proposer([held[2:], [], [50, 51]], POLICY, {EOS})
-    assert regeneration_forwards(answer, 2, proposer, max_new_tokens=64) == 2
-    assert regeneration_forwards(answer, 2, None, max_new_tokens=64) == 6
+    assert len(regeneration_widths(answer, 2, proposer, max_new_tokens=64)) == 2
+    assert len(regeneration_widths(answer, 2, None, max_new_tokens=64)) == 6
 
 
 def test_a_renamed_token_costs_two_steps_and_the_block_size_bounds_a_forward():
@@ -49,10 +50,10 @@ def test_a_renamed_token_costs_two_steps_and_the_block_size_bounds_a_forward():
     held = [x, eq, f, lp, a, rp, semi, ret, x, EOS]
     answer = [y, eq, f, lp, a, rp, semi, ret, y, EOS]
     proposer = Proposer([held, [], []], POLICY, {EOS})
-    assert regeneration_forwards(answer, 0, proposer, max_new_tokens=64) == 3
+    assert len(regeneration_widths(answer, 0, proposer, max_new_tokens=64)) == 3
     small = Proposer([held, [], []], LookupPolicy(3, 2, "first", 1), {EOS})
     # y -> =; (=) proposes f ( -> +a; (f ( a) proposes ) ; -> +return; (...) proposes x EOS: wrong -> y; -> EOS
-    assert regeneration_forwards(answer, 0, small, max_new_tokens=64) == 5
+    assert len(regeneration_widths(answer, 0, small, max_new_tokens=64)) == 5
 
 
 def test_proposals_prefer_longer_ngrams_then_source_order_and_stop_at_eos():
@@ -81,15 +82,22 @@ def test_update_cost_is_one_forward_for_a_finished_draft_kept_whole():
 # The n-gram default, the longest-match proposer with blocks that follow the match, and a token
 # tree of up to 4 such continuations per forward.
 LONGEST = dict(lookup_match="longest", lookup_block=4, lookup_max_block=24)
-PROPOSERS = {"ngram": {}, "longest": LONGEST, "tree": LONGEST | dict(lookup_tree=4)}
+PROPOSERS = {"ngram": {}, "longest": LONGEST, "tree": LONGEST | dict(lookup_tree=4),
+             "cost": LONGEST | dict(lookup_tree=4, lookup_choice="cost")}  # and width_cost: `proposer_settings`
+
+
+def proposer_settings(proposer: str, width_table) -> dict:
+    """The decode settings of `proposer`; the cost chooser's with the CPU's width-cost table."""
+    return PROPOSERS[proposer] | ({"width_cost": str(width_table)} if proposer == "cost" else {})
 
 
 @pytest.mark.parametrize("proposer", PROPOSERS)
-def test_lookup_streaming_is_lossless_and_exercises_every_kind_of_proposal(tiny_model_dir, humaneval_requests, proposer):
+def test_lookup_streaming_is_lossless_and_exercises_every_kind_of_proposal(tiny_model_dir, humaneval_requests, proposer,
+                                                                          cpu_width_table):
     """Streamed answers and the lookup baseline equal a naive no-cache greedy decoder's;
     proposals that are right, partly right and wrong all occur; no update costs more
     forwards than with plain regeneration."""
-    lookup = make_evaluator(tiny_model_dir, regenerate="lookup", **PROPOSERS[proposer])
+    lookup = make_evaluator(tiny_model_dir, regenerate="lookup", **proposer_settings(proposer, cpu_width_table))
     plain = make_evaluator(tiny_model_dir, regenerate="plain")
     model, eos = lookup.loaded.model, lookup.engine.eos_token_ids
     for request in humaneval_requests:
@@ -104,19 +112,22 @@ def test_lookup_streaming_is_lossless_and_exercises_every_kind_of_proposal(tiny_
             assert with_lookup.forwards <= without.forwards
     outcomes = lookup.engine.proposals
     assert outcomes["full"] and outcomes["partial"] and outcomes["wrong"], outcomes
-    assert bool(lookup.engine.tree_widths) == (proposer == "tree")  # trees of several branches ran
+    assert bool(lookup.engine.tree_widths) == (proposer in ("tree", "cost"))  # trees of several branches ran
 
 
 @pytest.mark.parametrize(("acceptance", "proposer"), [("greedy", "ngram"), ("threshold:0.05", "ngram"),
-                                                     ("greedy", "longest"), ("greedy", "tree")])
-def test_counts_computed_from_tokens_equal_the_counts_executed(tiny_model_dir, humaneval_requests, acceptance, proposer):
+                                                     ("greedy", "longest"), ("greedy", "tree"), ("greedy", "cost")])
+def test_counts_computed_from_tokens_equal_the_counts_executed(tiny_model_dir, humaneval_requests, acceptance, proposer,
+                                                               cpu_width_table):
     """Every update of the step-by-step engine against `update_cost` on its tokens,
-    and the fast path's records against the step-by-step engine's, per request."""
-    stepwise = make_evaluator(tiny_model_dir, acceptance, engine="stepwise", regenerate="lookup", **PROPOSERS[proposer])
-    fast = make_evaluator(tiny_model_dir, acceptance, engine="fast", regenerate="lookup", **PROPOSERS[proposer])
+    and the fast path's records against the step-by-step engine's, per request. The cost
+    chooser verifies less than the configured tree somewhere (a CPU's wide forwards are dear)."""
+    settings = proposer_settings(proposer, cpu_width_table)
+    stepwise = make_evaluator(tiny_model_dir, acceptance, engine="stepwise", regenerate="lookup", **settings)
+    fast = make_evaluator(tiny_model_dir, acceptance, engine="fast", regenerate="lookup", **settings)
     fast.config.fast_batch_size = 12 if acceptance == "greedy" else 4
     fast.config.record_tokens = stepwise.config.record_tokens = True
-    engine, eos = stepwise.engine, stepwise.engine.eos_token_ids
+    engine, eos, narrowed = stepwise.engine, stepwise.engine.eos_token_ids, 0
     for request in humaneval_requests:
         prompts = stepwise.prompts(request)
         stream = engine.stream(prompts)
@@ -124,6 +135,8 @@ def test_counts_computed_from_tokens_equal_the_counts_executed(tiny_model_dir, h
         earlier: list[list[int]] = []
         for prompt_ids, step in zip(prompts, stream.steps):
             assert step.forwards == update_cost(held, step.answer, step.accepted, earlier, prompt_ids, stepwise.decode, eos)
+            if proposer == "cost":
+                narrowed += narrowed_forwards(held, step.answer, step.accepted, earlier, prompt_ids, stepwise.decode, eos)
             if held:
                 earlier.insert(0, held)
             held = step.answer
@@ -136,6 +149,20 @@ def test_counts_computed_from_tokens_equal_the_counts_executed(tiny_model_dir, h
         slow_record = stepwise.evaluate(request)
         assert {k: slow_record[k] for k in compared} == {k: fast_record[k] for k in compared}, request.request_id
         assert fast_record["lookup_baseline_identical"]
+    assert narrowed or proposer != "cost"
+
+
+def narrowed_forwards(held, answer, accepted, earlier, prompt_ids, decode, eos) -> int:
+    """Forwards of an update where the cost chooser verified less than its proposer offered."""
+    chooser = update_proposer(decode.lookup, held[accepted:], earlier, prompt_ids, eos)
+    length, narrowed = accepted + 1, 0
+    while length < len(answer):
+        budget = decode.max_new_tokens - length - 1
+        offered = chooser.proposer.branches(answer[:length], budget)
+        branches = chooser.branches(answer[:length], budget)
+        narrowed += branches != offered
+        length = min(length + tree_matched(branches, answer[length:]) + 1, len(answer))
+    return narrowed
 
 
 def test_threshold_acceptance_is_unchanged_by_lookup_regeneration(tiny_qwen3_dir, humaneval_requests):
@@ -165,6 +192,9 @@ def test_decode_settings_are_validated_when_the_config_is_built():
                          ("decode.lookup_max_block=16", "needs decode.lookup_match=longest"),
                          ("decode.lookup_tree=4", "needs decode.lookup_match=longest"),
                          ("decode.lookup_tree=0", "must be >= 1"),
+                         ("decode.lookup_choice=best", "fixed, cost"),
+                         ("decode.lookup_choice=cost", "set decode.width_cost"),
+                         ("decode.width_cost=/nonexistent/table.json", "no such file"),
                          ("decode.max_new_tokens=0", "max_new_tokens"),
                          ("decode.acceptance=bogus", "threshold:TAU")]:
         with pytest.raises(ValueError, match=message):

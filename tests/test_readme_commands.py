@@ -72,6 +72,11 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python benchmarks/bench_lookup_policy.py --limit 40 --threads 2 --drafts-from "
     "outputs/bench/faster_answers/humaneval/new_format-plain": HelpHas(),
     "python benchmarks/bench_streaming.py --limit 40 --compare 5 --max-new-tokens 128 --threads 1": HelpHas(),
+    # Width costs and the cost chooser (docs/evaluation.md)
+    "python -m eval.width_cost model=smollm2":
+        Elsewhere("tests/test_width_cost.py::test_the_command_writes_the_table_auto_reads"),
+    "python -m eval recipe=humaneval_smollm2 decode.lookup_match=longest decode.lookup_max_block=32 "
+    "decode.lookup_choice=cost decode.width_cost=auto": RunCheap(CHECK_ONLY),
     # Data
     "python -m data_builders recipe=embedded_prefix": Elsewhere("tests/test_slurm.py::"
                                                                 "test_pipeline_chains_data_train_and_before_after_eval"),
@@ -95,6 +100,15 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     'python benchmarks/bench_lookup_policy.py --limit 20 --threads 2 --drafts-from outputs/bench/lookup27/humaneval '
     '--policy lookup_match=longest --policy "lookup_match=longest lookup_tree=4" --policy '
     '"lookup_match=longest lookup_tree=8 lookup_max_block=32"': HelpHas(),
+    # Width costs and the cost chooser (docs/results.md)
+    "python benchmarks/lookup_bound.py outputs/bench/lookup27/humaneval --width-cost "
+    'outputs/width_cost/smollm2-cpu-AMD_EPYC-2threads.json --policy "lookup_match=longest lookup_max_block=32 '
+    'lookup_choice=cost width_cost=auto" --policy "lookup_match=longest lookup_tree=8 lookup_max_block=32" --policy '
+    '"lookup_match=longest lookup_tree=8 lookup_max_block=32 lookup_choice=cost width_cost=auto"': HelpHas(),
+    "python benchmarks/bench_lookup_policy.py --limit 20 --threads 2 --drafts-from outputs/bench/lookup27/humaneval "
+    '--policy "lookup_match=longest lookup_max_block=32 lookup_choice=cost width_cost=auto" --policy '
+    '"lookup_match=longest lookup_tree=8 lookup_max_block=32" --policy '
+    '"lookup_match=longest lookup_tree=8 lookup_max_block=32 lookup_choice=cost width_cost=auto"': HelpHas(),
     "python -m data_builders recipe=embedded_prefix generation.backend=vllm generation.cache_files=[] "
     "generation.batch_size=36":
         Checked("tests/test_vllm_backend.py::test_self_distilled_data_built_on_vllm_matches_and_trains"),
@@ -190,8 +204,12 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "sbatch --dependency=afterok:$array slurm/eval.sbatch recipe=before_after_smollm2 adapted=outputs/train/RUN/adapter":
         Allowed("what slurm/eval_sharded.sh submits, run by tests/test_slurm_eval.py"),
     # Typing-time simulation and the live page
-    "python -m eval recipe=humaneval_smollm2 typing=cpm:400": RunCheap(CHECK_ONLY),
-    "python -m eval recipe=humaneval_smollm2 typing=cpm:400 typing_policy=abandon": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 limit=40 decode.max_new_tokens=128 backend=vllm fast_batch_size=256 "
+    "decode.lookup_match=longest decode.lookup_max_block=32 decode.lookup_choice=cost decode.width_cost=auto "
+    "typing=cpm:260 output_dir=outputs/bench/typing27/humaneval": Checked(),
+    "python -m eval recipe=humaneval_smollm2 typing=cpm:260": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 typing=cpm:260 typing_policy=abandon decode.width_cost=auto":
+        RunCheap(CHECK_ONLY),
     "python -m eval recipe=humaneval_smollm2 typing=keystrokes.tsv":
         Elsewhere("tests/test_typing_sim.py::test_a_keystroke_trace_replays_its_gaps_cyclically"),
     "python -m eval.before_after recipe=before_after_smollm2 typing=cpm:400": Checked(

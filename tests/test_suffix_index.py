@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from eval.engines.lookup import LongestMatchProposer, LookupPolicy, regeneration_forwards
+from eval.engines.lookup import LongestMatchProposer, LookupPolicy, regeneration_widths
 from eval.engines.tokens import through_first_eos
 
 EOS = 9
@@ -66,4 +66,4 @@ def test_longest_match_regeneration_counts_by_hand():
     held, answer = [1, 2, 3, 4, 5, 6, 7, EOS], [1, 2, 3, 8, 4, 5, 6, 7, EOS]
     policy = LookupPolicy(3, 8, "first", 1, match="longest")
     proposer = LongestMatchProposer([held[3:], [], [50, 51]], policy, {EOS})
-    assert regeneration_forwards(answer, 3, proposer, max_new_tokens=64) == 2
+    assert len(regeneration_widths(answer, 3, proposer, max_new_tokens=64)) == 2

@@ -12,7 +12,7 @@ from test_suffix_index import EOS
 from transformers import LlamaConfig
 
 from eval.engines.ar import tree_attention_mask, tree_masks
-from eval.engines.lookup import LongestMatchProposer, LookupPolicy, regeneration_forwards
+from eval.engines.lookup import LongestMatchProposer, LookupPolicy, regeneration_widths
 from eval.engines.token_tree import ROOT, TokenTree, TreeProposer, tree_matched
 from eval.engines.tokens import common_prefix_length
 
@@ -82,8 +82,8 @@ def test_tree_regeneration_counts_by_hand():
     sources = [[1, 2, 3, 4], [1, 2, 5, 6, 7, 8, 10, 11, 12, 13, EOS]]
     chain = LongestMatchProposer(sources, LookupPolicy(3, 4, "first", 1, match="longest"), {EOS})
     tree = TreeProposer(sources, LookupPolicy(3, 4, "first", 1, match="longest", tree=2), {EOS})
-    assert regeneration_forwards(answer, 1, chain, max_new_tokens=64) == 3
-    assert regeneration_forwards(answer, 1, tree, max_new_tokens=64) == 2
+    assert len(regeneration_widths(answer, 1, chain, max_new_tokens=64)) == 3
+    assert len(regeneration_widths(answer, 1, tree, max_new_tokens=64)) == 2
 
 
 def test_the_mask_lets_a_node_see_the_cache_the_root_and_its_ancestors_only():

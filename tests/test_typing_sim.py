@@ -9,6 +9,7 @@ import pytest
 
 from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
+from eval.engines.width_cost import WidthCost
 from eval.runner import run_evaluation
 from eval.typing_sim import UNLIMITED, cpm_typist, parse_typist, read_trace, simulate, typing_summary
 from headstart.files import read_jsonl
@@ -24,12 +25,14 @@ def evaluate(model_dir, output_dir, **overrides) -> list[dict]:
 
 
 @pytest.mark.parametrize("regenerate", ["lookup", "plain"])
-def test_unlimited_typist_reproduces_the_sentence_replay(tiny_qwen3_ending_dir, tmp_path, regenerate):
+def test_unlimited_typist_reproduces_the_sentence_replay(tiny_qwen3_ending_dir, tmp_path, regenerate, cpu_width_table):
     records = evaluate(tiny_qwen3_ending_dir, tmp_path, typing="unlimited", regenerate=regenerate)
     decode = DecodeSpec(max_new_tokens=16, regenerate=regenerate)
+    by_width = DecodeSpec(max_new_tokens=16, regenerate=regenerate, width_cost=str(cpu_width_table))
     for record in records:
         typed = simulate(record, UNLIMITED, "abandon", decode)
         assert typed.time_to_answer == record["residual_seconds"]  # exactly, not approximately
+        assert simulate(record, UNLIMITED, "finish", by_width).time_to_answer == record["residual_seconds"]
         assert typed.final_forwards == record["residual_forwards"]
         assert typed.drafting_forwards == record["drafting_forwards"]
         assert typed.updates == typed.kept_up == record["n_segments"] - 1 and typed.waited == 0
@@ -59,6 +62,19 @@ def test_finish_policy_waits_for_the_running_update():
     typed = simulate(hand_record(), cpm_typist(60), "finish", PLAIN)
     assert (typed.updates, typed.kept_up, typed.abandoned, typed.drafting_forwards) == (1, 0, 0, 5)
     assert typed.waited == 1.0 and typed.final_forwards == 2 and typed.time_to_answer == 2.0
+
+
+def test_a_width_cost_table_charges_each_forward_its_width(tmp_path):
+    """A table where a forward of w tokens costs w steps. The baseline is a 3-token prefill and
+    4 steps: 7 steps in 5 s. D_1 from nothing: a 1-token verify pass and 4 steps, 5 steps =
+    3.571 s (2-5.571 s, late for S_2 at 4 s). D_2 holds D_1: its verify pass feeds the new
+    prompt token and D_1 (6 tokens: 6 steps) and one step to EOS, 5 s (5.571-10.571 s). The
+    final update is the replay's own (verify over 6 tokens): 0.5 s, after waiting 4.571 s."""
+    WidthCost((1, 2), (0.1, 0.2), 256, "m", "cpu-test").save(tmp_path / "linear.json")
+    typed = simulate(hand_record(), cpm_typist(60), "finish", DecodeSpec(regenerate="plain",
+                                                                         width_cost=str(tmp_path / "linear.json")))
+    assert (typed.updates, typed.kept_up, typed.drafting_forwards, typed.final_forwards) == (2, 0, 7, 1)
+    assert typed.waited == pytest.approx(2 + 25 / 7 + 5 - 6) and typed.time_to_answer == pytest.approx(typed.waited + 0.5)
 
 
 def test_abandon_policy_restarts_from_the_newest_segment():
@@ -123,7 +139,7 @@ def test_rerun_gives_the_identical_report(tiny_qwen3_ending_dir, tmp_path):
     evaluate(tiny_qwen3_ending_dir, tmp_path, typing="cpm:400", typing_policy="abandon")
     assert {name: (tmp_path / name).read_bytes() for name in first} == first
     typing = json.loads(first["typing.json"])["humaneval"]
-    assert [p["typist"] for p in typing["curve"]] == ["cpm:200", "cpm:400", "cpm:800", "unlimited"]
+    assert [p["typist"] for p in typing["curve"]] == ["cpm:200", "cpm:260", "cpm:400", "cpm:800", "unlimited"]
     assert len(typing["configured"]["requests"]) == 3 and typing["configured"]["typist"] == "cpm:400"
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eval.engines.acceptance import AcceptanceRule
-from eval.engines.lookup import MATCHES, OCCURRENCES, LookupPolicy
+from eval.engines.lookup import CHOICES, MATCHES, OCCURRENCES, LookupPolicy
+from eval.engines.width_cost import AUTO, WidthCost
 
 AR_ENGINES = ("auto", "fast", "stepwise")  # the same numbers; auto = fast
 DIFFUSION_ENGINES = ("refusion", "bidirectional")
@@ -80,6 +81,19 @@ class DecodeSpec:
         default="first",
         metadata={"help": "lookup: which occurrence of the n-gram in a source proposes ('first' or 'last')."},
     )
+    lookup_choice: str = field(
+        default="fixed",
+        metadata={"help": "lookup: 'fixed' (verify the proposal lookup_block, lookup_max_block and lookup_tree give) or 'cost' "
+                          "(per forward, the tree size and block length up to those with the most tokens per second under "
+                          "decode.width_cost, judged on the update's earlier forwards; eval/engines/cost_choice.py)."},
+    )
+    width_cost: str = field(
+        default="",
+        metadata={"help": "Seconds of a forward by its width (eval/engines/width_cost.py): a table file (python -m "
+                          "eval.width_cost writes one), 'auto' (this machine's for the model, measured once into "
+                          "outputs/width_cost/), or '' (none: every forward costs a step). For lookup_choice=cost and the "
+                          "typing simulation."},
+    )
     # ReFusion's slot size and thresholds default to its generate(), the 4 serial
     # blocks to its HumanEval evaluation (which also uses slot_size 32, token_threshold 0.4).
     slot_size: int = field(
@@ -141,7 +155,14 @@ class DecodeSpec:
             raise ValueError("decode.slot_size, decode.serial_blocks and decode.diffusion_steps must be >= 1")
         if self.timing not in TIMING_MODES:
             raise ValueError(f"decode.timing must be one of {', '.join(TIMING_MODES)}, not {self.timing!r}")
+        if self.lookup_choice not in CHOICES:
+            raise ValueError(f"decode.lookup_choice must be one of {', '.join(CHOICES)}, not {self.lookup_choice!r}")
+        if self.lookup_choice == "cost" and not self.width_cost:
+            raise ValueError("decode.lookup_choice=cost chooses by the width-cost table: set decode.width_cost (a table "
+                             "file, or auto)")
         self._rule = AcceptanceRule.parse(self.acceptance)
+        self._width_table = WidthCost.load(self.width_cost) if self.width_cost not in ("", AUTO) else None
+        self._policy: LookupPolicy | None = None
 
     @property
     def rule(self) -> AcceptanceRule:
@@ -149,12 +170,30 @@ class DecodeSpec:
         return self._rule
 
     @property
+    def width_table(self) -> WidthCost | None:
+        """The width-cost table: the file's, or `auto`'s once `use_width_table` gave it; None without one."""
+        if self.width_cost == AUTO and self._width_table is None:
+            raise ValueError("decode.width_cost=auto is measured when the model loads (eval.engines.width_cost.resolve); "
+                             "it has not been yet")
+        return self._width_table
+
+    def use_width_table(self, table: WidthCost | None) -> None:
+        """Set the table `width_cost=auto` resolved to, once the model has loaded."""
+        self._width_table, self._policy = table, None
+
+    @property
     def lookup(self) -> LookupPolicy | None:
         """The proposal policy of `regenerate=lookup`; None for plain regeneration."""
         if self.regenerate != "lookup":
             return None
-        return LookupPolicy(self.lookup_ngram, self.lookup_block, self.lookup_occurrence, self.lookup_min_ngram,
-                            self.lookup_match, self.lookup_max_block, self.lookup_tree)
+        if self._policy is None:  # built once: the chooser's costs are a table lookup per width
+            costs = ()
+            if self.lookup_choice == "cost":
+                widest = 1 + self.lookup_tree * max(self.lookup_block, self.lookup_max_block)
+                costs = tuple(self.width_table.relative(width) for width in range(1, widest + 1))
+            self._policy = LookupPolicy(self.lookup_ngram, self.lookup_block, self.lookup_occurrence, self.lookup_min_ngram,
+                                        self.lookup_match, self.lookup_max_block, self.lookup_tree, self.lookup_choice, costs)
+        return self._policy
 
     @property
     def fast(self) -> bool:
@@ -165,7 +204,7 @@ class DecodeSpec:
         """The settings a resumed run must share with the results it continues."""
         keys = ("acceptance", "max_new_tokens", "regenerate", "timing")
         if self.regenerate == "lookup":
-            keys += LOOKUP_KEYS
+            keys += LOOKUP_KEYS + (("lookup_choice", "width_cost") if self.lookup_choice == "cost" else ())
         return keys + DIFFUSION_KEYS.get(self.engine, ())
 
 

@@ -10,7 +10,7 @@ in padded batches; only the timed parts (baseline and final update) run at batch
 
 Regeneration is greedy under every rule, so the drafts do not depend on the
 regeneration mode; with `lookup` an update's forwards are computed from the
-tokens by `eval.engines.lookup.update_forwards`, the rule the engine executes.
+tokens by `eval.engines.lookup.update_cost`, the rule the engine executes.
 
 Count mode (`timed_every` > 1, greedy only): a request that is not timed gets
 D_n = greedy(S_n) decoded in the same batch as its drafts, and every count of its

@@ -11,7 +11,7 @@ less than a plain step; a regenerated answer that re-joins the stale draft after
 a renamed variable or an inserted line costs one forward per block.
 
 The same code computes the forwards of an update from token sequences alone
-(`update_forwards`), which the fast path uses for the drafting it batches.
+(`update_cost`), which the fast path uses for the drafting it batches.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from eval.engines.cost_choice import CostChooser
 from eval.engines.suffix_index import SuffixIndex
-from eval.engines.token_tree import TreeProposer, tree_matched
+from eval.engines.token_tree import TokenTree, TreeProposer, tree_matched
 from eval.engines.tokens import answer_finished, through_first_eos
 
 if TYPE_CHECKING:  # decode.py imports this module
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # decode.py imports this module
 
 OCCURRENCES = ("first", "last")
 MATCHES = ("ngram", "longest")
+CHOICES = ("fixed", "cost")
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class LookupPolicy:
     match: str = "ngram"
     max_block: int = 0  # 0: always `block`
     tree: int = 1  # branches verified per forward (1: a chain)
+    choice: str = "fixed"  # 'cost': per forward, by expected time saved (eval/engines/cost_choice.py)
+    costs: tuple[float, ...] = ()  # choice 'cost': a forward of width w costs costs[w - 1] one-token steps
 
     def proposal_length(self, context: int) -> int:
         """Tokens proposed after a match of `context` tokens: a long match earns a long block."""
@@ -127,7 +131,7 @@ class Proposer(ChainProposer):
                     return through_first_eos(source[follow : follow + limit], self.eos_token_ids)
         return []
 
-AnyProposer = Proposer | LongestMatchProposer | TreeProposer
+AnyProposer = Proposer | LongestMatchProposer | TreeProposer | CostChooser
 
 
 def update_proposer(
@@ -142,44 +146,40 @@ def update_proposer(
     if policy is None:
         return None
     proposer = TreeProposer if policy.tree > 1 else LongestMatchProposer if policy.match == "longest" else Proposer
-    return proposer([held_tail, *earlier_drafts, prompt_ids], policy, eos_token_ids)
+    candidates = proposer([held_tail, *earlier_drafts, prompt_ids], policy, eos_token_ids)
+    return CostChooser(candidates, policy) if policy.choice == "cost" else candidates
 
 
-def regeneration_forwards(answer: list[int], start: int, proposer: AnyProposer | None, max_new_tokens: int) -> int:
-    """Forwards after the verify pass to decode `answer[start + 1:]` (the verify pass
-    yields `answer[start]`), when `answer` is what greedy decoding produces."""
-    length, forwards = start + 1, 0
+def regeneration_widths(answer: list[int], start: int, proposer: AnyProposer | None, max_new_tokens: int) -> list[int]:
+    """The tokens fed by each forward after the verify pass that decodes `answer[start + 1:]`
+    (the verify pass yields `answer[start]`), when `answer` is what greedy decoding produces."""
+    length, widths = start + 1, []
     while length < len(answer):
         branches = proposer.branches(answer[:length], max_new_tokens - length - 1) if proposer else []
         matched = tree_matched(branches, answer[length:])
         length = min(length + matched + 1, len(answer))
-        forwards += 1
-    return forwards
+        widths.append(1 + len(TokenTree.from_branches(branches).tokens))
+    return widths
 
 
-def update_forwards(
-    held: list[int],
-    answer: list[int],
-    accepted: int,
-    proposer: AnyProposer | None,
-    finished: bool,
-    max_new_tokens: int,
-) -> int:
-    """Forwards of one update that kept `accepted` tokens of the held draft and
-    ended with `answer`: the verify pass alone when the whole draft was kept and
-    it was finished, else the verify pass and the regeneration after it."""
-    if accepted == len(held) and finished:
-        return 1
-    return 1 + regeneration_forwards(answer, accepted, proposer, max_new_tokens)
+def update_widths(
+    held: list[int], answer: list[int], accepted: int, earlier: list[list[int]], prompt_ids: list[int],
+    decode: DecodeSpec, eos_token_ids: set[int],
+) -> list[int]:
+    """The tokens fed by each forward after the verify pass of the update that held `held`
+    (earlier drafts `earlier`, newest first), kept `accepted` tokens of it and ended with
+    `answer`, computed from the tokens: none when the whole draft was kept and it was
+    finished, else the regeneration's (`regeneration_widths`)."""
+    if accepted == len(held) and answer_finished(held, eos_token_ids, decode.max_new_tokens):
+        return []
+    proposer = update_proposer(decode.lookup, held[accepted:], earlier, prompt_ids, eos_token_ids)
+    return regeneration_widths(answer, accepted, proposer, decode.max_new_tokens)
 
 
 def update_cost(
     held: list[int], answer: list[int], accepted: int, earlier: list[list[int]], prompt_ids: list[int],
     decode: DecodeSpec, eos_token_ids: set[int],
 ) -> int:
-    """Forwards of the update that held `held` (earlier drafts `earlier`, newest first),
-    kept `accepted` tokens of it and ended with `answer`, computed from the tokens:
-    what `AREngine.update` executes (tests/test_ar_engine.py checks it on every request)."""
-    proposer = update_proposer(decode.lookup, held[accepted:], earlier, prompt_ids, eos_token_ids)
-    finished = answer_finished(held, eos_token_ids, decode.max_new_tokens)
-    return update_forwards(held, answer, accepted, proposer, finished, decode.max_new_tokens)
+    """Forwards of that update (`update_widths`), its verify pass included: what
+    `AREngine.update` executes (tests/test_ar_engine.py checks it on every request)."""
+    return 1 + len(update_widths(held, answer, accepted, earlier, prompt_ids, decode, eos_token_ids))
