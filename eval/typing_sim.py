@@ -39,7 +39,7 @@ from typing import Any
 
 from eval.engines.decode import AR_ENGINES, DecodeSpec
 from eval.engines.lookup import update_widths
-from eval.engines.tokens import common_prefix_length
+from eval.engines.tokens import common_prefix_length, reused_prefix
 
 POLICIES = ("finish", "abandon")
 # The speeds every typing report plots, beside the unlimited typist: 260 is the measured average
@@ -156,8 +156,7 @@ def typing_inputs(record: dict[str, Any]) -> None:
 def verify_width(cached: list[int], prompt: list[int], held: list[int]) -> int:
     """Tokens the verify pass feeds (`AREngine.update`): the prompt and held draft past what the
     cache holds, at least the prompt's last token."""
-    sequence = prompt + held
-    return len(sequence) - min(common_prefix_length(cached, sequence), len(prompt) - 1)
+    return len(prompt) + len(held) - reused_prefix(cached, prompt, held)
 
 
 def simulate(record: dict[str, Any], typist: Typist, policy: str, decode: DecodeSpec) -> TypedRequest:

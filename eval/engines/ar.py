@@ -24,7 +24,7 @@ from eval.engines.base import StreamingEngine, UpdateResult, crop_cache, keep_ca
 from eval.engines.decode import DecodeSpec
 from eval.engines.lookup import AnyProposer, LookupPolicy, update_proposer
 from eval.engines.token_tree import TokenTree
-from eval.engines.tokens import common_prefix_length, through_first_eos
+from eval.engines.tokens import common_prefix_length, reused_prefix, through_first_eos
 
 
 @dataclass
@@ -98,8 +98,7 @@ class AREngine(StreamingEngine):
         clock, calls_before = self.stopwatch(), sum(self.forwards.values())
         draft = state.draft
         sequence = prompt_ids + draft
-        # Keep at least the last prompt token to feed: its logits judge draft token 0.
-        reuse = min(common_prefix_length(state.cached_ids, sequence), len(prompt_ids) - 1)
+        reuse = reused_prefix(state.cached_ids, prompt_ids, draft)
         self.crop(state, reuse)
         logits = self.forward(state, sequence[reuse:], verify_phase, logits_to_keep=len(draft) + 1)
         accepted = self.rule.accepted_length(logits[:-1], draft)

@@ -14,6 +14,12 @@ def common_prefix_length(a: list, b: list) -> int:
     return length
 
 
+def reused_prefix(cached_ids: list[int], prompt_ids: list[int], draft: list[int]) -> int:
+    """Cached tokens a verify pass of `draft` after `prompt_ids` reuses: the common prefix with
+    what the cache holds, short of the prompt's last token (its logits judge draft token 0)."""
+    return min(common_prefix_length(cached_ids, prompt_ids + draft), len(prompt_ids) - 1)
+
+
 def through_first_eos(tokens: list[int], eos_token_ids: set[int]) -> list[int]:
     """`tokens` up to and including the first EOS (all of them when there is none)."""
     for position, token in enumerate(tokens):

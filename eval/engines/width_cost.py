@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -120,8 +121,6 @@ def measure(model: PreTrainedModel, name: str, widths: tuple[int, ...] = WIDTHS,
             repeats: int = 5) -> WidthCost:
     """Time a forward of each width after `context` cached tokens (median of `repeats`, after a
     warm-up); the tokens are fixed ids, since the cost does not depend on which tokens they are."""
-    import statistics
-
     import torch
 
     from eval.engines.base import crop_cache, new_cache
