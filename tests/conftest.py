@@ -120,9 +120,9 @@ def tiny_refusion_dir(tmp_path_factory, tiny_qwen3_dir) -> Path:
 #   (`slurm_cluster_lock`), the other Slurm tests share it;
 # - torchrun: multi-process or DeepSpeed launches, whose rendezvous takes torch's default port 29500.
 SLURM_STREAMS = {  # about 7 minutes each on two busy cores (--durations, 2026-12-02)
-    "slurm-a": {"test_slurm_local.py", "test_slurm_eval.py::test_pipeline_evaluates_in_shards_after_training",
+    "slurm-a": {"test_slurm_local.py", "test_slurm.py::test_pipeline_chains_data_train_and_before_after_eval",
                 "test_slurm.py::test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapter",
-                "test_slurm.py::test_train_sbatch_runs_on_two_nodes_and_leaves_a_merged_model",
+                "test_gpu_path.py::test_the_main_node_merges_alone_past_the_sites_wait_time",
                 "test_slurm_eval.py::test_a_failed_shard_cancels_the_merge_job"},
 }
 TORCHRUN_FILES = {"test_train_cluster.py", "test_train_distributed.py", "test_device_check.py"}

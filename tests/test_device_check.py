@@ -92,12 +92,12 @@ def test_the_cpu_twin_runs_every_stage_and_reruns_one_alone(tmp_path):
     table = (out / "figures.md").read_text()
     assert table in result.stdout and "| zero3 | launch | processes: 1 (DEEPSPEED)" in table
 
-    # One stage again: the assets are reused, the other stages' figures kept.
+    # One stage again (the quickest): the assets are reused, the other stages' figures kept.
     first = (out / "assets" / "tiny-qwen3" / "config.json").stat().st_mtime_ns
-    again = subprocess.run(["bash", str(SCRIPT), "--cpu", "--stage", "timing", str(out)], cwd=REPO,
+    again = subprocess.run(["bash", str(SCRIPT), "--cpu", "--stage", "stream", str(out)], cwd=REPO,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "=== timing" in again.stdout and "=== train" not in again.stdout
+    assert "=== stream" in again.stdout and "=== train" not in again.stdout
     assert (out / "assets" / "tiny-qwen3" / "config.json").stat().st_mtime_ns == first
     assert list(json.loads((out / "figures.json").read_text())) == list(STAGES)
     assert (out / "train" / "run" / "adapter").is_dir()

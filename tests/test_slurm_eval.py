@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from test_before_after import make_adapter
 from test_eval_shards import assert_same_results, shard_ids, untimed, untimed_markdown
-from test_slurm import CPU_DATA, CPU_TRAIN, REPO, cluster_up, slurm_env
+from test_slurm import REPO, cluster_up, slurm_env
 
 from eval.before_after import BeforeAfterConfig, run_before_after
 from eval.engines.decode import DecodeSpec
@@ -76,29 +76,3 @@ def test_a_failed_shard_cancels_the_merge_job(tmp_path, tiny_qwen3_dir):
     assert "not found" in (tmp_path / "task-0.out").read_text()
     # The merge job was cancelled, never run (sbatch --wait alone would have exited 0), and said so.
     assert "ended CANCELLED, not COMPLETED" in result.stderr and not (tmp_path / "out").exists()
-
-
-def test_pipeline_evaluates_in_shards_after_training(tmp_path, tiny_qwen3_dir):
-    """slurm/pipeline.sh --eval-shards 2: data -> train -> a 2-task eval array -> merge, each afterok."""
-    from test_train_support import tiny_overrides
-
-    data_dir, run_dir, report_dir = tmp_path / "data", tmp_path / "run", tmp_path / "report"
-    # The embedded data's answers are SmolLM2's: training the tiny model on them is declared.
-    train = tiny_overrides(tiny_qwen3_dir, data_dir, run_dir, max_steps=2, save_steps=2, merge="false")
-    train.append("data.answers_from_other_model=true")
-    evaluation = [f"model={tiny_qwen3_dir}", f"adapted={run_dir / 'adapter'}", "limit=3", "decode.max_new_tokens=8",
-                  f"output_dir={report_dir}"]
-    result = subprocess.run(
-        ["bash", "slurm/pipeline.sh", "--data", f"recipe=embedded_prefix output_dir={data_dir}",
-         "--data-sbatch", " ".join(CPU_DATA),  # the local cluster has no GPU; the sbatch defaults ask for them
-         "--train", "recipe=smollm2_prefix " + " ".join(train), "--train-sbatch", " ".join(CPU_TRAIN),
-         "--eval", "recipe=before_after_smollm2 " + " ".join(evaluation), "--eval-shards", "2", "--wait"],
-        cwd=REPO, env=slurm_env(), capture_output=True, text=True, timeout=1500,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "shards" in result.stdout and "-> merge" in result.stdout
-    for side in ("before", "after"):
-        shards = report_dir / side / "humaneval" / "shards"
-        assert [len(shard_ids(shards / f"{i}-of-2")) for i in range(2)] == [2, 1]
-        assert len(shard_ids(report_dir / side / "humaneval")) == 3
-    assert "Table 2" in (report_dir / "report.md").read_text()

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
 from test_train_support import (
+    ONE_PROCESS,
     REPO,
     humaneval_dialogues,
     launch,
@@ -264,7 +265,7 @@ def test_objective_distill_through_sft_resumes_bit_identically_and_merges(tmp_pa
     data = write_distill_data(tmp_path / "data")
     out, resumed = tmp_path / "run", tmp_path / "resumed"
     settings = dict(max_steps=4, save_steps=2, eval_steps=2, max_length=1024)  # every answer kept whole
-    launch(["--num_processes", "1"],
+    launch(ONE_PROCESS,
            ["recipe=smollm2_distill", *tiny_overrides(tiny_qwen3_dir, data, out, merge="true", **settings)])
 
     losses = step_losses(out)
@@ -287,16 +288,18 @@ def test_objective_distill_through_sft_resumes_bit_identically_and_merges(tmp_pa
 
 # One process with accumulation 2, and two processes (gloo) with DDP, ZeRO-2 and ZeRO-3: the
 # same optimizer steps (LoRA dropout off: each process would draw its own masks).
+# ZeRO-2 is left to tests/test_train_distributed.py: it shards only optimizer state and gradients,
+# which the teacher pass (adapter off, no gradient) never touches; ZeRO-3 partitions the weights the
+# teacher reads, the case that can break.
 LAUNCHERS = {
     "single": ["--num_processes", "1"],
     "ddp": ["--multi_gpu", "--num_processes", "2"],
-    "zero2": ["--config_file", "recipes/accelerate/zero2.yaml", "--num_processes", "2"],
     "zero3": ["--config_file", "recipes/accelerate/zero3.yaml", "--num_processes", "2"],
 }
 
 
 @pytest.mark.slow
-def test_distill_single_ddp_zero2_zero3_give_the_same_losses(tmp_path, tiny_qwen3_dir):
+def test_distill_single_ddp_zero3_give_the_same_losses(tmp_path, tiny_qwen3_dir):
     data = write_distill_data(tmp_path / "data")
     losses, adapters = {}, {}
     for name, launcher in LAUNCHERS.items():
@@ -311,7 +314,7 @@ def test_distill_single_ddp_zero2_zero3_give_the_same_losses(tmp_path, tiny_qwen
         adapters[name] = load_file(out / "adapter" / "adapter_model.safetensors")
 
     assert sorted(losses["single"]) == [1, 2, 3, 4]
-    for name in ("ddp", "zero2", "zero3"):
+    for name in ("ddp", "zero3"):
         assert losses[name].keys() == losses["single"].keys()
         for step, loss in losses["single"].items():
             assert losses[name][step] == pytest.approx(loss, rel=1e-4), (name, step, losses)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
-from test_train_support import humaneval_dialogues, launch, step_losses, tiny_overrides
+from test_train_support import ONE_PROCESS, humaneval_dialogues, launch, step_losses, tiny_overrides
 
 import train.refusion as refusion
 from headstart.models import load_model
@@ -247,7 +247,7 @@ def test_objective_refusion_through_sft_trains_tokens_resumes_and_saves_loadable
     DatasetDict({"train": Dataset.from_list(rows[:32]), "validation": Dataset.from_list(rows[32:])}).save_to_disk(str(data))
     out, resumed = tmp_path / "run", tmp_path / "resumed"
     settings = dict(max_steps=4, save_steps=2, eval_steps=2)
-    launch(["--num_processes", "1"],
+    launch(ONE_PROCESS,
            ["recipe=smollm2_refusion", *tiny_overrides(tiny_qwen3_dir, data, out, merge="true", **settings)])
 
     losses = step_losses(out)
@@ -259,7 +259,7 @@ def test_objective_refusion_through_sft_trains_tokens_resumes_and_saves_loadable
     shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
     shutil.copy(out / "config.yaml", resumed / "config.yaml")  # a run directory without its recipe is refused
     shutil.copy(out / MARK, resumed / MARK)  # nor one without headstart's run record
-    result = launch(["--num_processes", "1"],
+    result = launch(ONE_PROCESS,
                     ["recipe=smollm2_refusion", *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
     assert f"resuming from {resumed / 'checkpoint-2'}" in result.stdout
     assert step_losses(resumed) == losses

@@ -13,6 +13,7 @@ import torch
 from datasets import Dataset, DatasetDict
 from test_train_distill import distill_rows
 from test_train_support import (
+    ONE_PROCESS,
     REPO,
     humaneval_dialogues,
     launch,
@@ -148,7 +149,7 @@ def test_objective_sdft_through_sft_trains_saves_and_resumes(tmp_path, tiny_qwen
     out, resumed = tmp_path / "run", tmp_path / "resumed"
     settings = dict(max_steps=4, save_steps=2, max_length=1024)
     extra = ["sdft.max_completion_length=16"]
-    launch(["--num_processes", "1"], ["recipe=smollm2_sdft", *extra, *tiny_overrides(tiny_qwen3_dir, data, out, **settings)])
+    launch(ONE_PROCESS, ["recipe=smollm2_sdft", *extra, *tiny_overrides(tiny_qwen3_dir, data, out, **settings)])
     losses = step_losses(out)
     assert sorted(losses) == [1, 2, 3, 4] and all(math.isfinite(v) and v > 0 for v in losses.values())
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from datasets import Dataset
-from test_train_support import humaneval_dialogues, launch, step_losses, tiny_overrides, write_dataset_dict
+from test_train_support import ONE_PROCESS, humaneval_dialogues, launch, step_losses, tiny_overrides, write_dataset_dict
 
 from headstart.models import load_model, load_tokenizer
 from headstart.prompts import (
@@ -58,7 +58,7 @@ def test_training_falls_saves_adapter_and_merged_model_and_logs(tmp_path, tiny_q
         tiny_qwen3_dir, data, out, max_steps=8, save_steps=4, eval_steps=4,
         report_to="[tensorboard,wandb]", merge="true", run_name="tiny-run",
     )
-    launch(["--num_processes", "1"], ["recipe=smollm2_prefix", *overrides])
+    launch(ONE_PROCESS, ["recipe=smollm2_prefix", *overrides])
 
     losses = step_losses(out)
     assert sorted(losses) == list(range(1, 9))

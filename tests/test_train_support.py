@@ -75,15 +75,22 @@ def slow_training_env(step_s: float = 0, merge_s: float = 0, exit_barrier_s: flo
             "HEADSTART_TEST_EXIT_BARRIER_S": str(exit_barrier_s)}
 
 
+ONE_PROCESS: list[str] = []  # `python train/sft.py`: one process without accelerate's launcher (5 CPU-s less)
+
+
 def launch_command(launcher: list[str], overrides: list[str]) -> list[str]:
-    """`accelerate launch ...`, the command users type (the module form where no script is installed)."""
+    """`accelerate launch ...`, the command users type (the module form where no script is installed);
+    `python train/sft.py ...` for ONE_PROCESS."""
+    if launcher == ONE_PROCESS:
+        return [sys.executable, "train/sft.py", *overrides]
     script = Path(sys.executable).parent / "accelerate"
     accelerate = [str(script)] if script.is_file() else [sys.executable, "-m", "accelerate.commands.launch"]
     return [*accelerate, *(["launch"] if script.is_file() else []), *launcher, "train/sft.py", *overrides]
 
 
 def launch(launcher: list[str], overrides: list[str], timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
-    """Run `accelerate launch LAUNCHER train/sft.py OVERRIDES` from the repo root; fail with its log."""
+    """Run `accelerate launch LAUNCHER train/sft.py OVERRIDES` (ONE_PROCESS: `python train/sft.py
+    OVERRIDES`) from the repo root; fail with its log."""
     result = subprocess.run(
         launch_command(launcher, overrides), cwd=REPO, env=launch_env(**env), capture_output=True, text=True,
         timeout=timeout,
@@ -125,7 +132,7 @@ def resume_from_checkpoint_2(finished: Path, resumed: Path, overrides: list[str]
     shutil.copytree(finished / "checkpoint-2", resumed / "checkpoint-2")
     shutil.copy(finished / "config.yaml", resumed / "config.yaml")
     shutil.copy(finished / MARK, resumed / MARK)
-    result = launch(["--num_processes", "1"], overrides)
+    result = launch(ONE_PROCESS, overrides)
     assert f"resuming from {resumed / 'checkpoint-2'}" in result.stdout
     assert step_losses(resumed) == step_losses(finished)
     final, again = (load_file(d / "adapter" / "adapter_model.safetensors") for d in (finished, resumed))
