@@ -119,7 +119,7 @@ def tiny_refusion_dir(tmp_path_factory, tiny_qwen3_dir) -> Path:
 #   free. test_slurm_local.py stops and restarts the cluster: it holds the cluster's lock alone
 #   (`slurm_cluster_lock`), the other Slurm tests share it;
 # - torchrun: multi-process or DeepSpeed launches, whose rendezvous takes torch's default port 29500.
-SLURM_STREAMS = {  # about 7 minutes each on two busy cores (--durations, 2026-12-02)
+SLURM_STREAMS = {  # every other Slurm test is in slurm-b
     "slurm-a": {"test_slurm_local.py", "test_slurm.py::test_pipeline_chains_data_train_and_before_after_eval",
                 "test_slurm.py::test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapter",
                 "test_gpu_path.py::test_the_main_node_merges_alone_past_the_sites_wait_time",

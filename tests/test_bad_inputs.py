@@ -227,17 +227,40 @@ PIPELINE_CASES = {
 }
 
 
+def recording_sbatch(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose `sbatch` appends its arguments to the returned file, one line per call,
+    and answers the line's number as the job id."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "sbatch_calls"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {calls}\nwc -l < {calls}\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OMP_NUM_THREADS="1"), calls
+
+
 @pytest.mark.parametrize("case", list(PIPELINE_CASES))
 def test_the_pipeline_submits_nothing_before_every_argument_is_checked(case, tmp_path):
     arguments, needles = PIPELINE_CASES[case]
-    bin_dir, calls = tmp_path / "bin", tmp_path / "sbatch_calls"
-    bin_dir.mkdir()
-    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho 1\n')
-    (bin_dir / "sbatch").chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OMP_NUM_THREADS="1")
+    env, calls = recording_sbatch(tmp_path)
     result = subprocess.run(["bash", "slurm/pipeline.sh", *arguments], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=300)
     line = one_error_line(result.returncode, result.stderr)
     for needle in needles:
         assert needle in line, line
     assert not calls.exists(), f"submitted before the bad argument was found: {calls.read_text()}"
+
+
+def test_eval_shards_queue_an_array_after_training_and_a_merge_after_both(tmp_path):
+    """`--eval-shards 2`: slurm/eval_sharded.sh gets the training job (tests/test_slurm_eval.py runs
+    the array and its merge on the local cluster, tests/test_slurm.py the unsharded chain)."""
+    env, calls = recording_sbatch(tmp_path)
+    result = subprocess.run(["bash", "slurm/pipeline.sh", "--eval-shards", "2"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    submitted = [line.split() for line in calls.read_text().splitlines() if "--test-only" not in line]
+    assert len(submitted) == 4, submitted  # data, train, the array, the merge
+    offset = len(calls.read_text().splitlines()) - len(submitted)  # the ids the --test-only calls took
+    data, train, array, merge = (offset + i + 1 for i in range(4))
+    assert "slurm/data.sbatch" in submitted[0] and f"--dependency=afterok:{data}" in submitted[1], submitted
+    assert "--array=0-1" in submitted[2] and f"--dependency=afterok:{train}" in submitted[2], submitted
+    assert f"--dependency=afterok:{array}:{train}" in submitted[3] and "slurm/eval.sbatch" in submitted[3], submitted
+    assert f"shards {array} -> merge {merge}" in result.stdout

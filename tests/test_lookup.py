@@ -229,7 +229,8 @@ def test_a_results_dir_whose_config_lacks_a_setting_is_not_resumed(tiny_qwen3_di
 def test_smollm2_fast_path_counts_equal_the_executed_counts(acceptance):
     """The real model on HumanEval/3, whose drafts are partly kept at this threshold, 24
     tokens: the fast path's computed drafting and residual forwards equal the step-by-step
-    engine's executed ones (greedy: tests/test_count_mode.py, beside the counted records)."""
+    engine's executed ones (greedy: on the tiny models in tests/test_count_mode.py, beside the
+    counted records)."""
     loaded = load_model("smollm2", device="cpu")
     decode = DecodeSpec(acceptance=acceptance, max_new_tokens=24)
     requests = get_benchmark("humaneval").load(limit=4)[3:]

@@ -178,7 +178,8 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
         "tests/test_slurm.py::test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapter"),
     "sbatch --nodes 4 slurm/train.sbatch recipe=qwen3_prefix run.keep_effective_batch=false": Checked(
         "tests/test_slurm.py::test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapter"),
-    "ACCELERATE_CONFIG=recipes/accelerate/zero3.yaml sbatch slurm/train.sbatch recipe=qwen3_prefix": Checked(),
+    "ACCELERATE_CONFIG=recipes/accelerate/zero3.yaml sbatch slurm/train.sbatch recipe=qwen3_prefix": Checked(
+        "tests/test_slurm.py::test_pipeline_chains_data_train_and_before_after_eval"),
     # Memory per GPU of the paper recipes (meta-device builds of the vendored configs)
     "python -m train.memory": RunCheap(),
     "python -m train.memory recipe=gemma3_prefix gpus=8": RunCheap(),
@@ -384,7 +385,20 @@ def run(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
             code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
             if isinstance(exit_.code, str):
                 err.write(exit_.code)
+        except Exception as error:  # a traceback, with what the command printed before it
+            raise AssertionError(f"{' '.join(argv)} raised\n{out.getvalue()[-2000:]}\n{err.getvalue()[-3000:]}") from error
     return code, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [c for c, check in COVERAGE.items() if isinstance(check, RunCheap)])
+def test_readme_command_runs_in_its_cheap_mode(command, tmp_path):
+    env, argv = split(command)
+    extra = list(COVERAGE[command].extra)
+    if "limit=0" in extra:
+        extra.append(f"output_dir={tmp_path / 'out'}")
+    code, out, err = run([*argv, *extra], env)
+    assert code == 0, f"{command} {' '.join(extra)}\n{out[-2000:]}\n{err[-3000:]}"
 
 
 @functools.cache

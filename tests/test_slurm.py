@@ -68,11 +68,15 @@ def test_pipeline_chains_data_train_and_before_after_eval(tmp_path, tiny_qwen3_d
          "--data-sbatch", " ".join(CPU_DATA),
          "--train", "recipe=smollm2_prefix " + " ".join(train), "--train-sbatch", " ".join(("--nodes=2", *CPU_TRAIN)),
          "--eval", "recipe=before_after_smollm2 " + " ".join(evaluation), "--wait"],
-        cwd=REPO, env=slurm_env(), capture_output=True, text=True, timeout=1500,
+        # The README's ZeRO-3 submission, on CPU nodes: DeepSpeed over gloo, not DDP.
+        cwd=REPO, env=slurm_env(ACCELERATE_CONFIG="recipes/accelerate/zero3.yaml"), capture_output=True, text=True,
+        timeout=1500,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert (data_dir / "train").is_dir()
     assert (run_dir / "adapter" / "adapter_config.json").is_file()
+    train_job = re.search(r"-> train (\d+)", result.stdout).group(1)
+    assert "processes: 2 (DEEPSPEED)" in (REPO / "logs" / f"headstart-train-{train_job}.out").read_text()
     report = (report_dir / "report.md").read_text()
     assert "Table 2" in report and (report_dir / "figures" / "acceptance.png").is_file()
 
@@ -99,6 +103,7 @@ def test_requeued_training_job_resumes_from_its_last_checkpoint(tmp_path, tiny_q
         time.sleep(2)
     log = (REPO / "logs" / f"headstart-train-{job_id}.out").read_text()
     assert job_state(job_id) == "COMPLETED", log[-3000:]
+    assert "1 nodes x 1 processes" in log and "processes: 1 (MULTI_CPU)" in log  # launched, without --multi_gpu
     assert "restart 1" in log and "resuming from" in log and "checkpoint-" in log
     assert (out / "adapter" / "adapter_config.json").is_file()
 

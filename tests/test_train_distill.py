@@ -286,7 +286,7 @@ def test_objective_distill_through_sft_resumes_bit_identically_and_merges(tmp_pa
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-4)
 
 
-# One process with accumulation 2, and two processes (gloo) with DDP, ZeRO-2 and ZeRO-3: the
+# One process with accumulation 2, and two processes (gloo) with DDP and ZeRO-3: the
 # same optimizer steps (LoRA dropout off: each process would draw its own masks).
 # ZeRO-2 is left to tests/test_train_distributed.py: it shards only optimizer state and gradients,
 # which the teacher pass (adapter off, no gradient) never touches; ZeRO-3 partitions the weights the
