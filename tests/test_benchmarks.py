@@ -128,7 +128,9 @@ def test_ds1000_official_execution_passes_the_reference_and_fails_a_wrong_answer
     reference = request.reference["reference_code"]
     assert benchmark.score(request, f"<code>\n{reference}\n</code>\nEND SOLUTION").passed
     assert benchmark.score(request, fenced(reference)).passed
-    assert not benchmark.score(request, "result = df\n").passed
+    # The problem permutes rows at random (the identity 1 time in 720), so the
+    # wrong answer must be wrong whatever the permutation: no rows at all.
+    assert not benchmark.score(request, "result = df.iloc[:0]\n").passed
 
 
 def test_ds1000_reports_problems_of_missing_libraries_as_skipped(data_dir):
