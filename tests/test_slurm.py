@@ -127,17 +127,28 @@ def test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapt
     """What Slurm does ahead of a time limit (--signal=B:USR1@300): USR1 to the batch script
     mid-run. The job saves a complete checkpoint where it is, requeues itself, and the requeued
     job resumes from that checkpoint to the adapter an uninterrupted job writes, bit for bit,
-    logging to the same W&B run. The uninterrupted job is also the README's two-node run: one
-    process per node, and the merged model written beside the adapter."""
+    logging to the same W&B run.
+
+    The uninterrupted job is also the README's two-node run (one process per node) and the merge
+    past the site's wait time: rank 0 merges alone while the other node's torchrun agent waits at
+    its exit barrier, 300 s at most (torch's fixed exit_barrier_timeout), then ends its task; Slurm
+    gives the rest of the step WaitTime seconds (2 here). Without `srun --wait=0` a merge longer than
+    300 s (an 8-12B base in float32 on CPU) was killed and left no merged model. Here the barrier is
+    cut to 20 s (tests/support/sitecustomize.py) and the merge held 60 s: the same kill, minutes sooner."""
+    shown = subprocess.run(["scontrol", "show", "config"], env=slurm_env(), capture_output=True, text=True).stdout
+    assert "WaitTime                = 2 sec" in shown, "the local cluster should set WaitTime=2"
     data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(16))
     full, preempted = tmp_path / "full", tmp_path / "preempted"
     # No periodic checkpoint before the last step: the one the requeued job resumes from is USR1's.
     settings = dict(max_steps=6, save_steps=100, report_to="[wandb]")
     full_job = sbatch("--nodes=2", *CPU_TRAIN, "slurm/train.sbatch",
-                      *tiny_overrides(tiny_qwen3_dir, data, full, **settings | {"merge": "true"}))
+                      *tiny_overrides(tiny_qwen3_dir, data, full, **settings | {"merge": "true"}),
+                      **slow_training_env(merge_s=60, exit_barrier_s=20))
     full_log = (REPO / "logs" / f"headstart-train-{full_job}.out").read_text()
     assert "2 nodes x 1 processes" in full_log and "processes: 2 (MULTI_CPU)" in full_log, full_log[-3000:]
     assert (full / "merged" / "config.json").is_file() and (full / "adapter" / "adapter_config.json").is_file()
+    assert f"merged: {full / 'merged'}" in full_log
+    assert "Error waiting on exit barrier" in full_log  # the short barrier did end the other node's task mid-merge
 
     submitted = subprocess.run(
         ["sbatch", "--parsable", "--nodes=2", *CPU_TRAIN, "slurm/train.sbatch",

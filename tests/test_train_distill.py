@@ -4,8 +4,6 @@ teacher (adapter off, complete request S_n), through train/sft.py."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,11 +12,10 @@ from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
 from test_train_support import (
     ONE_PROCESS,
-    REPO,
     humaneval_dialogues,
     launch,
-    launch_env,
     resume_from_checkpoint_2,
+    sft_here,
     step_losses,
     tiny_overrides,
     write_jsonl,
@@ -81,19 +78,16 @@ def test_data_without_the_full_request_is_an_error_naming_the_field(tiny_tokeniz
         tokenize_dataset(Dataset.from_list(rows), tiny_tokenizer, family, "incomplete_request", "distill")
 
 
-def test_sft_refuses_distill_data_without_the_full_request_before_loading_a_model(tmp_path, tiny_qwen3_dir):
+def test_sft_refuses_distill_data_without_the_full_request_before_loading_a_model(tmp_path, tiny_qwen3_dir, capsys):
     """The data is checked before the model loads and before the run directory is written
     (a model directory without weights is refused even earlier, by headstart.model_files)."""
     data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(4))
     out = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "train/sft.py", "recipe=smollm2_distill",
-         *tiny_overrides(tiny_qwen3_dir, data, out)],
-        cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300,
-    )
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "error: objective: distill needs" in result.stderr and "`full_request` column" in result.stderr
-    assert "Traceback" not in result.stderr and not out.exists()
+    code = sft_here(["recipe=smollm2_distill", *tiny_overrides(tiny_qwen3_dir, data, out)])
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr[-3000:]
+    assert "error: objective: distill needs" in stderr and "`full_request` column" in stderr
+    assert "Traceback" not in stderr and not out.exists()
 
 
 def test_collator_pads_both_sequences_and_keeps_the_same_answer_tokens():

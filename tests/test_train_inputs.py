@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 from datasets import Dataset
-from test_train_support import REPO, humaneval_dialogues, launch_env, step_losses, tiny_overrides, write_jsonl
+from test_train_support import REPO, humaneval_dialogues, launch_env, sft_here, step_losses, tiny_overrides, write_jsonl
 
 from headstart.config import dump_config, load_config
 from headstart.run_dir import write_mark
@@ -27,7 +27,7 @@ def sft(overrides: list[str], timeout: int = 300) -> subprocess.CompletedProcess
                           env=launch_env(), capture_output=True, text=True, timeout=timeout)
 
 
-def test_a_run_dir_refuses_another_recipe_and_lists_the_keys(tmp_path, tiny_qwen3_dir):
+def test_a_run_dir_refuses_another_recipe_and_lists_the_keys(tmp_path, tiny_qwen3_dir, capsys):
     """Relaunching into a finished run with another learning rate used to resume it and
     run 0 steps, and overwrite its config.yaml."""
     data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(8))
@@ -37,10 +37,12 @@ def test_a_run_dir_refuses_another_recipe_and_lists_the_keys(tmp_path, tiny_qwen
     saved = (out / "config.yaml").read_text()
     losses = step_losses(out)
 
-    refused = sft(tiny_overrides(tiny_qwen3_dir, data, out, max_steps=2, save_steps=1, learning_rate=1e-3))
-    assert refused.returncode == 2, refused.stderr[-3000:]
-    assert "training.learning_rate: 0.01 -> 0.001" in refused.stderr
-    assert "choose another training.output_dir" in refused.stderr and "Traceback" not in refused.stderr
+    code = sft_here(["recipe=smollm2_prefix",
+                     *tiny_overrides(tiny_qwen3_dir, data, out, max_steps=2, save_steps=1, learning_rate=1e-3)])
+    refused = capsys.readouterr().err
+    assert code == 2, refused[-3000:]
+    assert "training.learning_rate: 0.01 -> 0.001" in refused
+    assert "choose another training.output_dir" in refused and "Traceback" not in refused
     assert (out / "config.yaml").read_text() == saved and step_losses(out) == losses
 
 
@@ -101,7 +103,8 @@ def write_dataset(path):
     return path
 
 
-def test_sft_reports_recipe_and_data_errors_with_exit_code_2_and_writes_nothing(tmp_path, tiny_qwen3_dir):
+def test_sft_reports_recipe_and_data_errors_with_exit_code_2_and_writes_nothing(tmp_path, tiny_qwen3_dir, capsys):
+    """In this process, as `python train/sft.py` runs its body (tests/test_bad_inputs.py has more cases)."""
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     out = tmp_path / "run"
@@ -110,9 +113,10 @@ def test_sft_reports_recipe_and_data_errors_with_exit_code_2_and_writes_nothing(
         (tiny_overrides(tiny_qwen3_dir, tmp_path / "absent.jsonl", out), "data file not found"),
         (["training.learnig_rate=1e-4", f"training.output_dir={out}"], "unknown key training.learnig_rate"),
     ):
-        result = sft(overrides)
-        assert result.returncode == 2, result.stderr[-3000:]
-        assert "error: " in result.stderr and message in result.stderr and "Traceback" not in result.stderr
+        code = sft_here(["recipe=smollm2_prefix", *overrides])
+        stderr = capsys.readouterr().err
+        assert code == 2, stderr[-3000:]
+        assert "error: " in stderr and message in stderr and "Traceback" not in stderr
         assert not out.exists()  # not even config.yaml
 
 

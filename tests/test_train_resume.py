@@ -28,13 +28,15 @@ LAUNCHER = ["--num_processes", "1"]
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_to_the_same_adapter(tmp_path, tiny_qwen3_dir):
+def test_killed_run_resumes_to_the_same_adapter_and_run(tmp_path, tiny_qwen3_dir):
+    """The relaunch ends where an uninterrupted run ends, and (offline W&B) logs to the run its
+    first launch opened."""
     data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(32))
     full, killed = tmp_path / "full", tmp_path / "killed"
-    launch(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, full))
+    launch(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, full))  # W&B changes no loss: the reference has none
 
     # Same command, slowed down so the kill lands between checkpoint 2 and the end.
-    command = launch_command(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, killed))
+    command = launch_command(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, killed, report_to="[wandb]"))
     process = subprocess.Popen(
         command, cwd=REPO, env=launch_env(**slow_training_env(step_s=2)), start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -49,8 +51,11 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path, tiny_qwen3_dir):
     # A checkpoint being written when the kill came has no marker and is not resumed from.
     (killed / "checkpoint-4").mkdir(exist_ok=True)
 
-    result = launch(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, killed))
+    result = launch(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, killed, report_to="[wandb]"))
     assert f"resuming from {killed / 'checkpoint-2'}" in result.stdout
+    run_id = (killed / "wandb_run_id").read_text().strip()
+    runs = sorted(path.name for path in (killed / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs), runs
 
     assert step_losses(killed) == step_losses(full)
     expected, actual = load_file(full / "adapter" / "adapter_model.safetensors"), load_file(
@@ -59,16 +64,3 @@ def test_killed_run_resumes_to_the_same_adapter(tmp_path, tiny_qwen3_dir):
     assert actual.keys() == expected.keys()
     for key in expected:
         torch.testing.assert_close(actual[key], expected[key], rtol=0, atol=0)
-
-
-@pytest.mark.slow
-def test_resumed_run_continues_the_same_wandb_run(tmp_path, tiny_qwen3_dir):
-    """Offline W&B: the relaunch of a run directory logs to the run its first launch opened."""
-    data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(16))
-    out = tmp_path / "run"
-    launch(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, out, max_steps=2, report_to="[wandb]"))
-    result = launch(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, out, max_steps=3, report_to="[wandb]"))
-    assert f"resuming from {out / 'checkpoint-2'}" in result.stdout
-    run_id = (out / "wandb_run_id").read_text().strip()
-    runs = sorted(path.name for path in (out / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(name.endswith(f"-{run_id}") for name in runs), runs

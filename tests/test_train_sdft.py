@@ -5,8 +5,6 @@ the complete request S_n scores the draft."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,11 +12,10 @@ from datasets import Dataset, DatasetDict
 from test_train_distill import distill_rows
 from test_train_support import (
     ONE_PROCESS,
-    REPO,
     humaneval_dialogues,
     launch,
-    launch_env,
     resume_from_checkpoint_2,
+    sft_here,
     step_losses,
     tiny_overrides,
 )
@@ -87,13 +84,12 @@ def test_batch_not_divisible_by_the_generations_and_sft_only_fields_are_refused(
     assert (args.teacher_model_kind, args.num_generations, args.generation_batch_size) == ("base", 2, 4)
 
 
-def test_sft_refuses_a_batch_the_generations_do_not_divide_in_one_line(tmp_path, tiny_qwen3_dir):
-    result = subprocess.run(
-        [sys.executable, "train/sft.py", "recipe=smollm2_sdft", f"model.name_or_path={tiny_qwen3_dir}",
-         "sdft.num_generations=3", f"training.output_dir={tmp_path / 'run'}"],
-        cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert result.stderr.strip().splitlines()[-1].startswith("error: sdft.num_generations=3 must divide")
+def test_sft_refuses_a_batch_the_generations_do_not_divide_in_one_line(tmp_path, tiny_qwen3_dir, capsys):
+    code = sft_here(["recipe=smollm2_sdft", f"model.name_or_path={tiny_qwen3_dir}", "sdft.num_generations=3",
+                     f"training.output_dir={tmp_path / 'run'}"])
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith("error: sdft.num_generations=3 must divide")
 
 
 # --- the teacher: the base with the adapter off, reading the full request -----------------------

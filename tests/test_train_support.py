@@ -75,6 +75,15 @@ def slow_training_env(step_s: float = 0, merge_s: float = 0, exit_barrier_s: flo
             "HEADSTART_TEST_EXIT_BARRIER_S": str(exit_barrier_s)}
 
 
+def sft_here(argv: list[str]) -> int:
+    """train/sft.py's body in this process, as its `__main__` runs it (exit code, the error on stderr):
+    for inputs refused before training starts, without a launch's 10 CPU-s of imports."""
+    from headstart.config import cli_main
+    from train.sft import main
+
+    return cli_main(lambda: main(argv))
+
+
 ONE_PROCESS: list[str] = []  # `python train/sft.py`: one process without accelerate's launcher (5 CPU-s less)
 
 
