@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
+from wandb_log import logged_by_runs
 
 from eval.before_after import BeforeAfterConfig, main, run_before_after, side_config
 from eval.engines.decode import DecodeSpec
@@ -63,8 +64,9 @@ def test_before_after_writes_tables_figures_and_wandb_runs_and_reuses_results(tm
     assert change["verdict"] in ("lower", "higher", "no measurable change")
     runs = sorted((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 2
-    logged = [next(run.glob("run-*.wandb")).read_bytes() for run in runs]  # offline: each run's .wandb log
-    assert sum(b"humaneval/paired/forwards_stream_median/change" in log for log in logged) == 1  # the after side's
+    key = b"humaneval/paired/forwards_stream_median/change"
+    logged = logged_by_runs(runs, key)  # offline: each run's .wandb log
+    assert sum(key in log for log in logged) == 1  # the after side's
     # A rerun computes nothing new: the per-request results are reused as they are.
     run_before_after(config)
     assert (out / "before" / "humaneval" / "results.jsonl").read_text().splitlines() == before

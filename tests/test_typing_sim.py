@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from wandb_log import logged_by_runs
 
 from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
@@ -167,7 +168,9 @@ def test_before_after_report_shows_the_typing_simulation_in_markdown_html_and_wa
     assert page.count("<table>") == 6 and "cpm:800" in page  # Tables 1-3, paired changes, a typing table per side
     runs = sorted((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 2
-    for run in runs:  # each side's run holds the typing figures and numbers (offline: in its .wandb log)
+    key = b"humaneval/typing_cpm400_time_to_answer_median"
+    for run, logged in zip(runs, logged_by_runs(runs, key, holders=len(runs))):
+        # each side's run holds the typing figures and numbers (offline: in its .wandb log)
         images = (run / "files" / "media" / "images").glob("typing_*.png")
         assert {p.name.split("_1_")[0] for p in images} == {"typing_before", "typing_after"}
-        assert b"humaneval/typing_cpm400_time_to_answer_median" in next(run.glob("run-*.wandb")).read_bytes()
+        assert key in logged
