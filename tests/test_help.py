@@ -87,7 +87,7 @@ def imported(result: subprocess.CompletedProcess) -> set[str]:
 def answer_here(command: list[str]) -> subprocess.CompletedProcess:
     """`answer` in this process: an entry point that imports torch anyway pays for it once here,
     not in a fresh interpreter each (TRL's SFTConfig alone is 10 CPU-s); no import list."""
-    code, out, err = run_here(["python", *command, "recipe=no_such_recipe", "--help"], {"HF_HUB_OFFLINE": "1"})
+    code, out, err = run_here(["python", *command, "recipe=no_such_recipe", "--help"], {})  # run_here sets offline
     return subprocess.CompletedProcess(command, code, out, err)
 
 
