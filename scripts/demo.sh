@@ -17,7 +17,10 @@ stage() {
   times+=("$(awk -v name="$name" '{printf "%s %.0fs (cpu %.0fs)", name, $1, $2 + $3}' <<<"$measured")")
 }
 stage data python -m data_builders recipe=embedded_prefix "$@"
-stage train accelerate launch --num_processes 1 train/sft.py recipe=smollm2_prefix
+# accelerate gives a single process one thread unless told (OMP_NUM_THREADS=1 by default): on
+# CPU that trained on one of the two cores.
+stage train accelerate launch --num_processes 1 --num_cpu_threads_per_process "${OMP_NUM_THREADS:-$(nproc)}" \
+  train/sft.py recipe=smollm2_prefix
 stage eval python -m eval.before_after recipe=demo_smollm2
 echo; echo "=== time per stage: ${times[*]}"
 echo "dataset:  outputs/data/embedded_prefix"

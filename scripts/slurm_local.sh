@@ -28,6 +28,18 @@ MUNGE=$SLURM_DIR/munge
 # jobs, and a stream's --exclusive jobs still find two whole nodes free.
 NODES=(n1 n2 n3 n4)
 HOSTS_LINE="127.0.0.1 ${NODES[*]}  # headstart-slurm $SLURM_DIR"
+LOGS=$(cd "$(dirname "$0")/.." && pwd)/logs  # where slurm/*.sbatch write logs/%x-%j.out
+
+# The first job id: one above the highest in logs/. The sbatch scripts append to their log
+# (--open-mode=append keeps a requeued job's restarts in one file); a new cluster numbering from 1
+# again would append its jobs to the logs of an earlier cluster's jobs of the same ids. Ids at or
+# above Slurm's default MaxJobId (a site's, say) are not ours and do not count.
+first_job_id() {
+  local highest
+  highest=$(find "$LOGS" -maxdepth 1 -name '*-[0-9]*.out' -printf '%f\n' 2>/dev/null \
+    | sed -n 's/.*-\([0-9][0-9]*\)\.out$/\1/p' | awk '$1 < 67043327' | sort -n | tail -n 1 || true)
+  echo $(( ${highest:-0} + 1 ))
+}
 
 install() {
   command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
@@ -89,6 +101,7 @@ SchedulerType=sched/backfill
 MpiDefault=none
 ReturnToService=2
 StateSaveLocation=$SLURM_DIR/state
+FirstJobId=$(first_job_id)
 SlurmdSpoolDir=$SLURM_DIR/spool-%n
 SlurmctldPidFile=$SLURM_DIR/slurmctld.pid
 SlurmdPidFile=$SLURM_DIR/slurmd-%n.pid

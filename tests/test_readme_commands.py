@@ -345,7 +345,8 @@ def test_readme_command_parses(command):
 def demo_stages() -> dict[str, list[str]]:
     """scripts/demo.sh's stages, name -> argv (its `"$@"`, the user's extra settings, left out)."""
     stages = {}
-    for line in (REPO / "scripts" / "demo.sh").read_text().splitlines():
+    script = (REPO / "scripts" / "demo.sh").read_text().replace("\\\n", " ")  # continued lines joined
+    for line in script.splitlines():
         if line.startswith("stage "):
             name, *argv = shlex.split(line)[1:]
             stages[name] = [word for word in argv if word != "$@"]

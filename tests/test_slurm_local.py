@@ -9,6 +9,7 @@ this machine they are skipped, so that nothing here ever touches it.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -107,10 +108,28 @@ def recorded(slurm_dir: str) -> dict[str, list[int]]:
     return daemons
 
 
+def highest_logged_job_id() -> int:
+    """The highest job id among the sbatch scripts' logs (logs/%x-%j.out)."""
+    ids = [int(m.group(1)) for log in (REPO / "logs").glob("*.out") if (m := re.fullmatch(r".*-(\d+)\.out", log.name))]
+    return max(ids, default=0)
+
+
 def test_start_records_its_daemons_and_stop_ends_them_and_cleans_up(slurm_dir):
     hosts = Path("/etc/hosts").read_bytes()
-    started = script("start", slurm_dir)
+    # Job ids go on above the logged ones: sbatch appends to logs/%x-%j.out, and a cluster that
+    # numbered from 1 again appended a new job's output to an earlier run's job of the same id.
+    (REPO / "logs").mkdir(exist_ok=True)
+    earlier = REPO / "logs" / f"headstart-earlier-{highest_logged_job_id() + 7}.out"
+    earlier.write_text("an earlier cluster's job\n")
+    try:
+        started = script("start", slurm_dir)
+    finally:
+        earlier.unlink()
     assert started.returncode == 0, started.stderr
+    shown = subprocess.run(["scontrol", "show", "config"], env=dict(os.environ, SLURM_CONF=f"{slurm_dir}/slurm.conf"),
+                           capture_output=True, text=True).stdout
+    first = re.search(r"^FirstJobId\s*=\s*(\d+)", shown, re.M)
+    assert first and int(first.group(1)) == int(earlier.stem.rsplit("-", 1)[1]) + 1, shown[:2000]
     daemons = recorded(slurm_dir)
     assert sorted(daemons) == ["munged", "slurmctld", "slurmd"] and len(daemons["slurmd"]) == 4
     pids = [pid for group in daemons.values() for pid in group]
