@@ -101,3 +101,17 @@ def resolve_device(device: str | None, environ: Mapping[str, str] | None = None)
     if device.startswith("cuda"):
         require_cuda([f"device={device}"])
     return device
+
+
+def idle_cores_note(device_type: str, local_processes: int, threads: int | None = None,
+                    cores: int | None = None) -> str | None:
+    """A note when CPU training leaves cores idle: `accelerate launch` gives its processes
+    OMP_NUM_THREADS=1 unless `--num_cpu_threads_per_process` says otherwise (its own sizing only
+    applies with `--cpu`), so a single process trained on one core without saying so."""
+    threads = torch.get_num_threads() if threads is None else threads
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    if device_type != "cpu" or threads * local_processes >= cores:
+        return None
+    return (f"note: {local_processes} process{'es' if local_processes != 1 else ''} x {threads} thread"
+            f"{'s' if threads != 1 else ''} on {cores} cores; `accelerate launch --num_cpu_threads_per_process "
+            f"{cores // local_processes}` uses them all (OMP_NUM_THREADS=1 is right beside other jobs)")

@@ -13,7 +13,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from headstart.config import load_config
-from headstart.devices import CudaUnusableError, default_device, environment_gpu_requests, require_cuda, resolve_device
+from headstart.devices import (
+    CudaUnusableError,
+    default_device,
+    environment_gpu_requests,
+    idle_cores_note,
+    require_cuda,
+    resolve_device,
+)
 from headstart.models import from_pretrained_kwargs, load_model
 from train.batch import batch_plan
 from train.config import RecipeValueError, TrainRecipe
@@ -296,3 +303,13 @@ def test_eval_sbatch_asks_for_cpus_and_memory(tmp_path):
 
 # The main node merging alone past the site's wait time (`srun --wait=0`) is checked by the
 # uninterrupted job of tests/test_slurm.py's USR1 test: one two-node training serves both.
+
+
+def test_cpu_training_that_leaves_cores_idle_says_how_to_use_them():
+    """accelerate launch gives one process OMP_NUM_THREADS=1 unless told: the demo trained on one of two cores."""
+    note = idle_cores_note("cpu", 1, threads=1, cores=2)
+    assert note and "1 process x 1 thread on 2 cores" in note and "--num_cpu_threads_per_process 2" in note
+    assert "--num_cpu_threads_per_process 4" in idle_cores_note("cpu", 2, threads=1, cores=8)
+    assert idle_cores_note("cpu", 1, threads=2, cores=2) is None
+    assert idle_cores_note("cpu", 2, threads=1, cores=2) is None  # two processes, a core each
+    assert idle_cores_note("cuda", 1, threads=1, cores=16) is None

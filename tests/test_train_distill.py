@@ -4,6 +4,7 @@ teacher (adapter off, complete request S_n), through train/sft.py."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -304,6 +305,9 @@ def test_distill_single_ddp_zero3_give_the_same_losses(tmp_path, tiny_qwen3_dir)
         processes = "1 (NO), gradient accumulation: 2" if name == "single" else (
             f"2 ({'DEEPSPEED' if name.startswith('zero') else 'MULTI_CPU'}), gradient accumulation: 1")
         assert f"processes: {processes}" in result.stdout, result.stdout[-2000:]
+        # One thread a process (launch_env): the single process leaves a core of a multi-core machine idle, and says so.
+        idle = name == "single" and len(os.sched_getaffinity(0)) > 1
+        assert ("--num_cpu_threads_per_process" in result.stdout) == idle, result.stdout[-2000:]
         losses[name] = step_losses(out)
         adapters[name] = load_file(out / "adapter" / "adapter_model.safetensors")
 

@@ -38,7 +38,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from trl import SFTTrainer  # noqa: E402
 
 from headstart.config import cli_main, config_to_dict, dump_config, load_config  # noqa: E402
-from headstart.devices import gpu_requests, require_cuda  # noqa: E402
+from headstart.devices import gpu_requests, idle_cores_note, require_cuda  # noqa: E402
 from headstart.model_files import check_local_source  # noqa: E402
 from headstart.models import download_model, load_tokenizer, resolve_model_dir, weights_fingerprint  # noqa: E402
 from headstart.paths import outputs_dir  # noqa: E402
@@ -275,6 +275,8 @@ def main(argv: list[str]) -> None:
             f"{args.learning_rate:.4g}" + (f", collective timeout: {timeout:g} s" if timeout is not None else ""),
             flush=True,
         )
+        if note := idle_cores_note(state.device.type, int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))):
+            print(note, flush=True)
         if checkpoint:
             print(f"resuming from {checkpoint}", flush=True)
             for note in resume_notes:
