@@ -109,7 +109,8 @@ def idle_cores_note(device_type: str, local_processes: int, threads: int | None 
     OMP_NUM_THREADS=1 unless `--num_cpu_threads_per_process` says otherwise (its own sizing only
     applies with `--cpu`), so a single process trained on one core without saying so."""
     threads = torch.get_num_threads() if threads is None else threads
-    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    if cores is None:  # the cores this process may run on (macOS has no affinity call: all of them)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if device_type != "cpu" or threads * local_processes >= cores:
         return None
     return (f"note: {local_processes} process{'es' if local_processes != 1 else ''} x {threads} thread"

@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+import wandb
 from safetensors.torch import load_file
 from test_train_support import (
     REPO,
@@ -27,10 +28,22 @@ from train.checkpoints import COMPLETE_MARKER
 LAUNCHER = ["--num_processes", "1"]
 
 
+@pytest.fixture
+def inherited_wandb_service():
+    """A W&B service in this process, announced to its children in WANDB_SERVICE, as a study (or an
+    earlier test of this worker) running W&B in-process leaves one."""
+    wandb.setup()
+    assert "WANDB_SERVICE" in os.environ
+    yield
+    wandb.teardown()
+
+
 @pytest.mark.slow
-def test_killed_run_resumes_to_the_same_adapter_and_run(tmp_path, tiny_qwen3_dir):
+def test_killed_run_resumes_to_the_same_adapter_and_run(tmp_path, tiny_qwen3_dir, inherited_wandb_service):
     """The relaunch ends where an uninterrupted run ends, and (offline W&B) logs to the run its
-    first launch opened."""
+    first launch opened, also when both launches inherit a W&B service (WANDB_SERVICE) from the
+    process that started them: the killed launch's run id stayed open in it and the relaunch was
+    refused ("run ID ... is in use") until train/ stopped joining an inherited service."""
     data = write_jsonl(tmp_path / "data.jsonl", humaneval_dialogues(32))
     full, killed = tmp_path / "full", tmp_path / "killed"
     launch(LAUNCHER, tiny_overrides(tiny_qwen3_dir, data, full))  # W&B changes no loss: the reference has none

@@ -68,6 +68,10 @@ def configure_trackers(recipe: TrainRecipe, recipe_name: str, output_dir: Path, 
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(output_dir / "tensorboard"))
     if "wandb" not in (recipe.training["report_to"] or []):
         return
+    # A W&B service of our own: one inherited from the launching process (WANDB_SERVICE, which a
+    # study or test running W&B in-process sets) still held a killed launch's run id, and refused
+    # the relaunch's resume ("run ID ... is in use").
+    os.environ.pop("WANDB_SERVICE", None)
     project = recipe.wandb.project or os.environ.get("WANDB_PROJECT")
     if project:
         os.environ["WANDB_PROJECT"] = project
