@@ -10,7 +10,9 @@ lookup policy (`eval.engines.lookup`, the count the evaluator reports), with eac
 oracle that proposes, at every forward, the longest prefix of the rest of the answer
 found anywhere in the same sources (held draft tail, earlier drafts, request), up to
 the block size. No proposer that draws on these sources can beat
-the oracle, so its median bounds what a better policy could buy on these answers.
+the oracle, so its median bounds what a better policy could buy on these answers. Beside each
+policy, the tokens its regeneration forwards feed on average (a tree's nodes and the answer's
+last token): what its forwards cost where width is dear.
 With --width-cost (a table file, eval/engines/width_cost.py), each policy's wall-clock
 speedup as that table prices its forwards (the prefill and steps of the baseline against
 the verify pass and the regeneration forwards, each at its width) is printed beside.
@@ -32,7 +34,7 @@ from eval.config import decode_with  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
 from eval.engines.lookup import update_widths  # noqa: E402
 from eval.engines.tokens import common_prefix_length  # noqa: E402
-from eval.engines.width_cost import WidthCost  # noqa: E402
+from eval.engines.width_cost import WidthCost, use_auto_table  # noqa: E402
 from eval.evaluator import StreamingEvaluator  # noqa: E402
 from eval.reporting.tables import markdown_rows  # noqa: E402
 from eval.results_dir import saved_config  # noqa: E402
@@ -76,10 +78,13 @@ def main() -> None:
     evaluator = StreamingEvaluator(load_model(config.model, adapter=config.adapter, device="cpu"),
                                    replace(config, backend="transformers"))
     policies, eos = replayed_policies(config.decode, args.policy), evaluator.engine.eos_token_ids
+    for decode in policies.values():  # `width_cost=auto` in a --policy: this machine's table, as an evaluation's
+        use_auto_table(decode, config.model, evaluator.loaded.model)
     requests = [r for r in get_benchmark(config.benchmark, config.data_path).load() if r.request_id in records]
     blocks = [int(b) for b in args.blocks.split(",")]
     speedups: dict[str, list[float]] = {name: [] for name in policies} | {f"oracle, block {b}": [] for b in blocks}
     priced: dict[str, list[float]] = {name: [] for name in policies}
+    fed: dict[str, list[int]] = {name: [] for name in policies}  # tokens of each regeneration forward
     for request in requests:
         record, (previous, prompt) = records[request.request_id], evaluator.prompts(request)[-2:]
         drafts, answer = record["draft_token_ids"], record["base_token_ids"]
@@ -87,7 +92,9 @@ def main() -> None:
         kept = common_prefix_length(held, answer)
         for name, decode in policies.items():
             widths = [verify_width(previous + held[:-1], prompt, held)]
-            widths += update_widths(held, answer, kept, drafts[:-1][::-1], prompt, decode, eos)
+            regeneration = update_widths(held, answer, kept, drafts[:-1][::-1], prompt, decode, eos)
+            widths += regeneration
+            fed[name] += regeneration
             speedups[name].append(len(answer) / len(widths))
             if table:
                 baseline = table.relative(len(prompt)) + len(answer) - 1
@@ -96,11 +103,13 @@ def main() -> None:
             whole = kept == len(held) == len(answer)
             forwards = 1 if whole else 1 + oracle_forwards(answer, kept, [held[kept:], *drafts[:-1], prompt], block)
             speedups[f"oracle, block {block}"].append(len(answer) / forwards)
-    rows = [[name, f"{statistics.median(v):.2f}x", f"{statistics.mean(v):.2f}x"]
+    rows = [[name, f"{statistics.median(v):.2f}x", f"{statistics.mean(v):.2f}x",
+             f"{statistics.mean(fed[name]):.1f}" if fed.get(name) else "-"]
             + ([f"{statistics.median(priced[name]):.2f}x" if name in priced else "-"] if table else [])
             for name, v in speedups.items()]
     print(f"{config.benchmark}, {len(requests)} requests, residual forwards against plain greedy decoding\n")
-    print(markdown_rows(["proposer", "speedup (med)", "speedup (mean)"] + (["priced wall (med)"] if table else []), rows))
+    print(markdown_rows(["proposer", "speedup (med)", "speedup (mean)", "tokens per regeneration forward (mean)"]
+                        + (["priced wall (med)"] if table else []), rows))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ skips or resumes what is done), hours on two cores:
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -66,6 +67,11 @@ class StudyConfig:
                           "drafting costs far more per step, and the budget is wall clock per objective."},
     )
     curve_points: int = field(default=3, metadata={"help": "Checkpoints on the learning curve (the last is the final adapter)."})
+    checkpoint_steps: int = field(
+        default=20,
+        metadata={"help": "At most this many optimizer steps between a final run's checkpoints (a killed run resumes from the "
+                          "last; the curve's are among them)."},
+    )
     effective_batch_size: int = field(default=8, metadata={"help": "Rows per optimizer step."})
     per_device_train_batch_size: int = field(default=2, metadata={"help": "Rows per micro-step."})
     max_length: int = field(
@@ -101,8 +107,9 @@ class StudyConfig:
         unknown = sorted(set(self.objective_steps) - set(self.objectives))
         if unknown:
             raise ValueError(f"objective_steps names {unknown}, not objectives of the study ({', '.join(self.objectives)})")
-        if not 1 <= self.curve_points <= min(map(self.steps, self.objectives)) or self.sweep_steps < 1:
-            raise ValueError("need 1 <= curve_points <= every objective's steps and sweep_steps >= 1")
+        if not 1 <= self.curve_points <= min(map(self.steps, self.objectives)) or min(self.sweep_steps,
+                                                                                          self.checkpoint_steps) < 1:
+            raise ValueError("need 1 <= curve_points <= every objective's steps, sweep_steps >= 1 and checkpoint_steps >= 1")
         if self.curve_limit is not None and self.curve_limit < 1:
             raise ValueError(f"curve_limit={self.curve_limit} must be at least 1 (or null: limit)")
         check_limit(self.limit)
@@ -116,6 +123,10 @@ class StudyConfig:
     def steps(self, objective: str) -> int:
         """Optimizer steps of an objective's final run."""
         return self.objective_steps.get(objective, self.max_steps)
+
+    def save_steps(self, objective: str) -> int:
+        """Steps between the final run's checkpoints: at most checkpoint_steps, and dividing the curve's spacing."""
+        return math.gcd(self.checkpoint_steps, self.steps(objective) // self.curve_points)
 
     @property
     def curve_requests(self) -> int | None:
@@ -268,7 +279,7 @@ def run_study(config: StudyConfig) -> None:
     # --- 3. Training at equal compute -------------------------------------------------
     runs = {objective: output / "train" / objective for objective in config.objectives}
     adapters = {objective: train(config, objective, runs[objective], data_dir, best[objective], config.steps(objective),
-                                 config.steps(objective) // config.curve_points, evaluate=False)
+                                 config.save_steps(objective), evaluate=False)
                 for objective in config.objectives}
 
     # --- 4. Base vs every objective, identical settings -------------------------------

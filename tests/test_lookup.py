@@ -5,6 +5,7 @@ and forwards hand-counted on token sequences made up here."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from test_ar_engine import MAX_NEW_TOKENS, make_evaluator, naive_greedy
@@ -79,10 +80,11 @@ def test_update_cost_is_one_forward_for_a_finished_draft_kept_whole():
 # ------------------------------------------------------------ tiny real models
 
 
-# The n-gram default, the longest-match proposer with blocks that follow the match, and a token
-# tree of up to 4 such continuations per forward.
+# The n-gram default, the longest-match proposer with blocks that follow the match, a token tree
+# of up to 4 such continuations per forward, and one of 8 with realignment candidates after them.
 LONGEST = dict(lookup_match="longest", lookup_block=4, lookup_max_block=24)
 PROPOSERS = {"ngram": {}, "longest": LONGEST, "tree": LONGEST | dict(lookup_tree=4),
+             "realign": LONGEST | dict(lookup_tree=8, lookup_realign=2),
              "cost": LONGEST | dict(lookup_tree=4, lookup_choice="cost")}  # and width_cost: `proposer_settings`
 
 
@@ -112,22 +114,25 @@ def test_lookup_streaming_is_lossless_and_exercises_every_kind_of_proposal(tiny_
             assert with_lookup.forwards <= without.forwards
     outcomes = lookup.engine.proposals
     assert outcomes["full"] and outcomes["partial"] and outcomes["wrong"], outcomes
-    assert bool(lookup.engine.tree_widths) == (proposer in ("tree", "cost"))  # trees of several branches ran
+    assert bool(lookup.engine.tree_widths) == (proposer in ("tree", "realign", "cost"))  # trees of several branches ran
 
 
 @pytest.mark.parametrize(("acceptance", "proposer"), [("greedy", "ngram"), ("threshold:0.05", "ngram"),
-                                                     ("greedy", "longest"), ("greedy", "tree"), ("greedy", "cost")])
+                                                     ("greedy", "longest"), ("greedy", "tree"), ("greedy", "realign"),
+                                                     ("greedy", "cost")])
 def test_counts_computed_from_tokens_equal_the_counts_executed(tiny_model_dir, humaneval_requests, acceptance, proposer,
                                                                cpu_width_table):
     """Every update of the step-by-step engine against `update_cost` on its tokens,
     and the fast path's records against the step-by-step engine's, per request. The cost
-    chooser verifies less than the configured tree somewhere (a CPU's wide forwards are dear)."""
+    chooser verifies less than the configured tree somewhere (a CPU's wide forwards are dear);
+    realignment candidates save forwards somewhere against the same tree without them."""
     settings = proposer_settings(proposer, cpu_width_table)
     stepwise = make_evaluator(tiny_model_dir, acceptance, engine="stepwise", regenerate="lookup", **settings)
     fast = make_evaluator(tiny_model_dir, acceptance, engine="fast", regenerate="lookup", **settings)
     fast.config.fast_batch_size = 12 if acceptance == "greedy" else 4
     fast.config.record_tokens = stepwise.config.record_tokens = True
-    engine, eos, narrowed = stepwise.engine, stepwise.engine.eos_token_ids, 0
+    engine, eos, narrowed, realigned = stepwise.engine, stepwise.engine.eos_token_ids, 0, 0
+    unrealigned = replace(stepwise.decode, lookup_realign=0)
     for request in humaneval_requests:
         prompts = stepwise.prompts(request)
         stream = engine.stream(prompts)
@@ -137,6 +142,7 @@ def test_counts_computed_from_tokens_equal_the_counts_executed(tiny_model_dir, h
             assert step.forwards == update_cost(held, step.answer, step.accepted, earlier, prompt_ids, stepwise.decode, eos)
             if proposer == "cost":
                 narrowed += narrowed_forwards(held, step.answer, step.accepted, earlier, prompt_ids, stepwise.decode, eos)
+            realigned += update_cost(held, step.answer, step.accepted, earlier, prompt_ids, unrealigned, eos) - step.forwards
             if held:
                 earlier.insert(0, held)
             held = step.answer
@@ -150,6 +156,7 @@ def test_counts_computed_from_tokens_equal_the_counts_executed(tiny_model_dir, h
         assert {k: slow_record[k] for k in compared} == {k: fast_record[k] for k in compared}, request.request_id
         assert fast_record["lookup_baseline_identical"]
     assert narrowed or proposer != "cost"
+    assert (realigned > 0) == (proposer == "realign")
 
 
 def narrowed_forwards(held, answer, accepted, earlier, prompt_ids, decode, eos) -> int:
@@ -192,6 +199,8 @@ def test_decode_settings_are_validated_when_the_config_is_built():
                          ("decode.lookup_max_block=16", "needs decode.lookup_match=longest"),
                          ("decode.lookup_tree=4", "needs decode.lookup_match=longest"),
                          ("decode.lookup_tree=0", "must be >= 1"),
+                         ("decode.lookup_realign=2", "needs decode.lookup_tree > 1"),
+                         ("decode.lookup_realign=-1", "must be >= 0"),
                          ("decode.lookup_choice=best", "fixed, cost"),
                          ("decode.lookup_choice=cost", "set decode.width_cost"),
                          ("decode.width_cost=/nonexistent/table.json", "no such file"),

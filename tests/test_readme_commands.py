@@ -98,6 +98,14 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     'python benchmarks/bench_lookup_policy.py --limit 20 --threads 2 --drafts-from outputs/bench/lookup27/humaneval '
     '--policy lookup_match=longest --policy "lookup_match=longest lookup_tree=4" --policy '
     '"lookup_match=longest lookup_tree=8 lookup_max_block=32"': HelpHas(),
+    # Realignment candidates (docs/results.md)
+    'python benchmarks/lookup_bound.py outputs/bench/lookup27/humaneval --policy "lookup_match=longest lookup_tree=8 '
+    'lookup_max_block=32" --policy "lookup_match=longest lookup_tree=16 lookup_max_block=32 lookup_realign=2" --policy '
+    '"lookup_match=longest lookup_tree=16 lookup_max_block=32 lookup_realign=3" --policy "lookup_match=longest '
+    'lookup_tree=32 lookup_max_block=32 lookup_realign=5"': HelpHas(),
+    "python -m eval recipe=humaneval_smollm2 limit=40 timed_every=40 decode.max_new_tokens=128 backend=vllm "
+    "fast_batch_size=256 decode.lookup_match=longest decode.lookup_tree=16 decode.lookup_max_block=32 "
+    "decode.lookup_realign=3 output_dir=outputs/bench/realign27/humaneval": RunCheap(CHECK_ONLY),
     # Width costs and the cost chooser (docs/results.md)
     "python benchmarks/lookup_bound.py outputs/bench/lookup27/humaneval --width-cost "
     'outputs/width_cost/smollm2-cpu-AMD_EPYC-2threads.json --policy "lookup_match=longest lookup_max_block=32 '

@@ -31,12 +31,33 @@ def contexts_and_continuations(sources: list[list[int]], answer: list[int], min_
     return found
 
 
-def ranked_branches(sources: list[list[int]], answer: list[int], min_context: int, length: int, width: int):
-    """The spec, brute force: longest context first, then source order and position; a
-    continuation already covered by a chosen branch is skipped."""
+def realigned_continuations(sources: list[list[int]], answer: list[int], min_context: int, length: int, realign: int):
+    """The realignment candidates, brute force: for d = 1..realign, the two best occurrences of the
+    answer less its last d tokens (longest context, then source order and position), resumed
+    s = 0..realign + 1 tokens after them within their source; fewest edits d + s first, then
+    longest context, fewer inserted tokens, occurrence, skip."""
+    found = []
+    for inserted in range(1, min(realign, len(answer) - 1) + 1):
+        occurrences = sorted(contexts_and_continuations(sources, answer[:-inserted], min_context, length),
+                             key=lambda occurrence: (-occurrence[0], occurrence[1]))[:2]
+        for context, (number, position), _ in occurrences:
+            source = sources[number]
+            for skipped in range(realign + 2):
+                start = position + 1 + skipped
+                if start < len(source):
+                    found.append(((inserted + skipped, -context, inserted, number, position, skipped),
+                                  source[start : start + length]))
+    return [continuation for _, continuation in sorted(found)]
+
+
+def ranked_branches(sources: list[list[int]], answer: list[int], min_context: int, length: int, width: int,
+                    realign: int = 0):
+    """The spec, brute force: longest context first, then source order and position, then the
+    realignment candidates; a continuation already covered by a chosen branch is skipped."""
     chosen: list[list[int]] = []
-    for _, _, continuation in sorted(contexts_and_continuations(sources, answer, min_context, length),
-                                     key=lambda found: (-found[0], found[1])):
+    matched = [continuation for _, _, continuation in sorted(contexts_and_continuations(sources, answer, min_context, length),
+                                                              key=lambda found: (-found[0], found[1]))]
+    for continuation in matched + realigned_continuations(sources, answer, min_context, length, realign):
         if len(chosen) < width and not any(taken[: len(continuation)] == continuation for taken in chosen):
             chosen.append(continuation)
     return chosen
@@ -51,10 +72,15 @@ def test_branches_equal_brute_force_and_the_first_is_the_longest_match():
         min_context, width = generator.randint(1, 3), generator.randint(2, 5)
         chain = LongestMatchProposer(sources, LookupPolicy(3, 5, "first", min_context, match="longest"), {EOS})
         tree = TreeProposer(sources, LookupPolicy(3, 5, "first", min_context, match="longest", tree=width), {EOS})
+        realign, realigning = generator.randint(1, 3), generator.randint(width, 8)
+        resumes = TreeProposer(sources, LookupPolicy(3, 5, "first", min_context, match="longest", tree=realigning,
+                                                     realign=realign), {EOS})
         for length in range(1, len(answer) + 1):  # the answer grows, as in one update
             branches = tree.branches(answer[:length], 64)
             assert branches == ranked_branches(sources, answer[:length], min_context, 5, width), case
             assert (branches[0] if branches else []) == chain.propose(answer[:length], 64), case
+            assert resumes.branches(answer[:length], 64) == ranked_branches(sources, answer[:length], min_context, 5,
+                                                                             realigning, realign), case
 
 
 def test_a_tree_branches_where_the_held_tail_and_an_earlier_draft_disagree():
@@ -84,6 +110,21 @@ def test_tree_regeneration_counts_by_hand():
     tree = TreeProposer(sources, LookupPolicy(3, 4, "first", 1, match="longest", tree=2), {EOS})
     assert len(regeneration_widths(answer, 1, chain, max_new_tokens=64)) == 3
     assert len(regeneration_widths(answer, 1, tree, max_new_tokens=64)) == 2
+
+
+def test_realignment_resumes_a_draft_after_a_renamed_token_by_hand():
+    """An earlier draft 1 2 3 4 5 6 7 8 EOS; the answer renames 2 to 11: 0 1 11 3 4 5 6 7 8 EOS, the
+    verify pass yielded 1, blocks of 4, trees of 2. Without realignment: [2 3 4 5] yields 11; 11
+    occurs nowhere, a plain step yields 3; [4 5 6 7] kept, yields 8; [EOS] kept: 4 forwards. With
+    it, after 11 the answer less its last token (… 1) ends at the draft's 1, resumed 0 and 1
+    tokens on: [2 3 4 5 | 3 4 5 6], the second kept, yields 7; [8 EOS] kept: 3 forwards."""
+    answer, sources = [0, 1, 11, 3, 4, 5, 6, 7, 8, EOS], [[], [1, 2, 3, 4, 5, 6, 7, 8, EOS]]
+    tree = TreeProposer(sources, LookupPolicy(3, 4, "first", 1, match="longest", tree=2), {EOS})
+    resumes = TreeProposer(sources, LookupPolicy(3, 4, "first", 1, match="longest", tree=2, realign=1), {EOS})
+    assert tree.branches(answer[:3], 64) == []
+    assert resumes.branches(answer[:3], 64) == [[2, 3, 4, 5], [3, 4, 5, 6]]
+    assert len(regeneration_widths(answer, 1, tree, max_new_tokens=64)) == 4
+    assert len(regeneration_widths(answer, 1, resumes, max_new_tokens=64)) == 3
 
 
 def test_the_mask_lets_a_node_see_the_cache_the_root_and_its_ancestors_only():

@@ -22,7 +22,7 @@ REGENERATE_MODES = ("plain", "lookup")
 TIMING_MODES = ("sync", "events")
 # Settings that change the numbers, beyond acceptance, max_new_tokens and regenerate.
 LOOKUP_KEYS = ("lookup_match", "lookup_ngram", "lookup_min_ngram", "lookup_block", "lookup_max_block", "lookup_tree",
-               "lookup_occurrence")
+               "lookup_realign", "lookup_occurrence")
 DIFFUSION_KEYS = {
     "refusion": ("engine", "slot_size", "serial_blocks", "slot_threshold", "token_threshold", "draft_in_context"),
     "bidirectional": ("engine", "diffusion_steps"),
@@ -76,6 +76,11 @@ class DecodeSpec:
         default=1,
         metadata={"help": "lookup_match=longest: distinct continuations verified in one forward as a token tree, best "
                           "matching context first (1: one chain; eval/engines/token_tree.py)."},
+    )
+    lookup_realign: int = field(
+        default=0,
+        metadata={"help": "lookup_tree > 1: after the context matches, branches that resume a source where the answer's "
+                          "last 1..N tokens broke from it, 0..N+1 tokens on (an inserted or renamed token; 0: none)."},
     )
     lookup_occurrence: str = field(
         default="first",
@@ -149,6 +154,9 @@ class DecodeSpec:
         if self.lookup_tree < 1 or (self.lookup_tree > 1 and self.lookup_match != "longest"):
             raise ValueError(f"decode.lookup_tree={self.lookup_tree} must be >= 1, and above 1 needs "
                              "decode.lookup_match=longest")
+        if self.lookup_realign < 0 or (self.lookup_realign and self.lookup_tree == 1):
+            raise ValueError(f"decode.lookup_realign={self.lookup_realign} must be >= 0, and above 0 needs "
+                             "decode.lookup_tree > 1 (its candidates are tree branches)")
         if self.lookup_occurrence not in OCCURRENCES:
             raise ValueError(f"decode.lookup_occurrence must be one of {', '.join(OCCURRENCES)}, not {self.lookup_occurrence!r}")
         if self.slot_size < 1 or self.serial_blocks < 1 or self.diffusion_steps < 1:
@@ -192,7 +200,8 @@ class DecodeSpec:
                 widest = 1 + self.lookup_tree * max(self.lookup_block, self.lookup_max_block)
                 costs = tuple(self.width_table.relative(width) for width in range(1, widest + 1))
             self._policy = LookupPolicy(self.lookup_ngram, self.lookup_block, self.lookup_occurrence, self.lookup_min_ngram,
-                                        self.lookup_match, self.lookup_max_block, self.lookup_tree, self.lookup_choice, costs)
+                                        match=self.lookup_match, max_block=self.lookup_max_block, tree=self.lookup_tree,
+                                        realign=self.lookup_realign, choice=self.lookup_choice, costs=costs)
         return self._policy
 
     @property

@@ -46,6 +46,7 @@ class LookupPolicy:
     match: str = "ngram"
     max_block: int = 0  # 0: always `block`
     tree: int = 1  # branches verified per forward (1: a chain)
+    realign: int = 0  # tree candidates resuming a source the answer broke from, up to this many edits back
     choice: str = "fixed"  # 'cost': per forward, by expected time saved (eval/engines/cost_choice.py)
     costs: tuple[float, ...] = ()  # choice 'cost': a forward of width w costs costs[w - 1] one-token steps
 

@@ -2,12 +2,17 @@
 
 The candidates are the occurrences in the sources of the answer's last tokens, ranked by the
 length of their matching context (longest first, ties by source order: `lookup_match=longest`'s
-order, so its first branch is that proposer's proposal). The first `lookup_tree` distinct
-continuations form a trie. One forward over the answer's last token and the trie's nodes, each
-node attending to the cache and to its own ancestors at the position of its depth, gives greedy
-decoding's next token after every node; the longest root-to-node path that greedy decoding
-agrees with is kept (its KV only), with the token the forward yields after it. Counted as one
-forward whatever its width (PROTOCOL.md).
+order, so its first branch is that proposer's proposal). With `lookup_realign` R, candidates that
+resume a source where the answer broke from it follow: the answer before its last d tokens
+(d = 1..R) ends at a source position with a matching context, and the source is resumed s = 0..R+1
+tokens after it (s = 0: the answer inserted d tokens; s = d: it replaced them, a renamed variable),
+fewest edits (d + s) first. Context matching alone cannot see these: the answer's last token
+occurs nowhere or somewhere else. The first `lookup_tree` distinct continuations form a trie.
+One forward over the answer's last token and the trie's nodes, each node attending to the cache
+and to its own ancestors at the position of its depth, gives greedy decoding's next token after
+every node; the longest root-to-node path that greedy decoding agrees with is kept (its KV only),
+with the token the forward yields after it. Counted as one forward whatever its width
+(PROTOCOL.md).
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ if TYPE_CHECKING:  # lookup.py imports this module
     from eval.engines.lookup import LookupPolicy
 
 ROOT = -1  # a node's parent when it follows the answer's last token
+# Occurrences of the answer's head (the answer less its last d tokens) resumed, longest context
+# first: two recover more than one on recorded HumanEval drafts (5.47x against 5.27x median
+# forward speedup, benchmarks/lookup_bound.py), and more crowd the tree without gain.
+REALIGNED_OCCURRENCES = 2
 
 
 @dataclass
@@ -89,18 +98,39 @@ class TreeProposer:
             context += 1
         return context
 
+    def _ranked(self, answer: list[int]) -> list[tuple[int, int]]:
+        """(context, position) of every occurrence of the answer's last token with a token after
+        it, longest context first, ties by source order and position."""
+        ranked = sorted((-self._context(answer, position), position) for position in self.after.get(answer[-1], ()))
+        return [(-negative_context, position) for negative_context, position in ranked]
+
+    def _realigned(self, answer: list[int]) -> list[tuple[int, int]]:
+        """(context, start) of the realignment candidates (module docstring), fewest edits first."""
+        found = []
+        for inserted in range(1, min(self.policy.realign, len(answer) - 1) + 1):
+            ranked = self._ranked(answer[:-inserted])[:REALIGNED_OCCURRENCES]
+            for context, position in ranked:
+                if context < self.policy.min_ngram:
+                    break
+                for skipped in range(self.policy.realign + 2):
+                    start = position + 1 + skipped
+                    if self.index.text[start] < 0:  # the source's end: skipping further would enter the next one
+                        break
+                    found.append((inserted + skipped, -context, inserted, position, start))
+        return [(-negative_context, start) for _, negative_context, _, _, start in sorted(found)]
+
     def branches(self, answer: list[int], budget: int) -> list[list[int]]:
         """Up to `policy.tree` distinct continuations, best first, each at most the proposal
         length its context earns and `budget`; cut at a source's end and after an EOS."""
         if budget <= 0 or not answer:
             return []
-        ranked = sorted((-self._context(answer, position), position) for position in self.after.get(answer[-1], ()))
+        matched = [(context, position + 1) for context, position in self._ranked(answer) if context >= self.policy.min_ngram]
         chosen: list[list[int]] = []
-        for negative_context, position in ranked:
-            if -negative_context < self.policy.min_ngram or len(chosen) == self.policy.tree:
+        for context, start in matched + (self._realigned(answer) if self.policy.realign else []):
+            if len(chosen) == self.policy.tree:
                 break
-            limit = min(self.policy.proposal_length(-negative_context), budget)
-            branch = through_first_eos(self.index.tokens_after(position + 1, limit), self.eos_token_ids)
-            if not any(taken[: len(branch)] == branch for taken in chosen):
+            limit = min(self.policy.proposal_length(context), budget)
+            branch = through_first_eos(self.index.tokens_after(start, limit), self.eos_token_ids)
+            if branch and not any(taken[: len(branch)] == branch for taken in chosen):
                 chosen.append(branch)
         return chosen
