@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -95,6 +96,11 @@ class StudyConfig:
         default=None,
         metadata={"help": "Requests per curve point: the first N of the report's, at most limit (every point, base and final "
                           "included, on the same N); null: limit."},
+    )
+    merge_for_eval: bool = field(
+        default=True,
+        metadata={"help": "Evaluate each adapter merged into the base weights (float32, train.merge): drafting then runs a "
+                          "plain model (vLLM on a CPU drafts through its LoRA about 2x slower)."},
     )
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decode settings of every evaluation."})
     threads: int = field(default=2, metadata={"help": "Torch threads for training and evaluation."})
@@ -195,6 +201,21 @@ def train(config: StudyConfig, objective: str, run_dir: Path, data_dir: Path, le
     return run_dir / "adapter"
 
 
+def evaluated_model(config: StudyConfig, adapter: Path) -> Path:
+    """What an adapter's evaluation loads: the adapter itself, or (merge_for_eval) its float32
+    merge beside it, made once (written aside, then renamed: a killed merge is made again)."""
+    if not config.merge_for_eval:
+        return adapter
+    merged = adapter.parent / f"{adapter.name}-merged"
+    if not merged.is_dir():
+        from train.merge import merge_adapter  # here, not above: `--help` loads no torch
+
+        partial = adapter.parent / f"{adapter.name}-merging"
+        shutil.rmtree(partial, ignore_errors=True)
+        merge_adapter(adapter, partial).rename(merged)
+    return merged
+
+
 def validation_loss(run_dir: Path) -> float:
     """The last `eval_loss` the trainer logged (in the newest checkpoint's trainer state)."""
     checkpoints = sorted(run_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
@@ -224,7 +245,8 @@ def curve_evaluation(config: StudyConfig, report: BeforeAfterConfig, run_dir: Pa
     """The evaluation of one intermediate checkpoint: the report's own settings (side_config) on
     the first curve_limit requests."""
     objective = run_dir.name
-    return replace(side_config(report, "before", config.curve_benchmark), model=str(run_dir / f"checkpoint-{step}"),
+    checkpoint = evaluated_model(config, run_dir / f"checkpoint-{step}")
+    return replace(side_config(report, "before", config.curve_benchmark), model=str(checkpoint),
                    limit=config.curve_requests,
                    output_dir=str(Path(config.output_dir) / "curve" / objective / f"step-{step}"))
 
@@ -252,7 +274,7 @@ def curve(config: StudyConfig, report: BeforeAfterConfig, runs: dict[str, Path])
             evaluation = curve_evaluation(config, report, run_dir, step)
             run_evaluation(evaluation)
             points[objective].append(point(step, evaluation.output_dir))
-        final = side_config(report, side_of_model[str(run_dir / "adapter")], benchmark)
+        final = side_config(report, side_of_model[str(evaluated_model(config, run_dir / "adapter"))], benchmark)
         points[objective].append(point(steps, final.output_dir))
     (Path(config.output_dir) / "curve.json").write_text(json.dumps(points, indent=1) + "\n")
     return points
@@ -283,9 +305,10 @@ def run_study(config: StudyConfig) -> None:
                 for objective in config.objectives}
 
     # --- 4. Base vs every objective, identical settings -------------------------------
+    models = {objective: str(evaluated_model(config, adapter)) for objective, adapter in adapters.items()}
     first, *more = config.objectives
-    report = BeforeAfterConfig(model=config.model, adapted=str(adapters[first]),
-                               more_adapted={name: str(adapters[name]) for name in more}, benchmarks=config.benchmarks,
+    report = BeforeAfterConfig(model=config.model, adapted=models[first],
+                               more_adapted={name: models[name] for name in more}, benchmarks=config.benchmarks,
                                data_paths=config.data_paths, limit=config.limit, decode=config.decode,
                                timed_every=config.timed_every, backend=config.backend,
                                fast_batch_size=config.fast_batch_size, output_dir=str(output / "report"),
