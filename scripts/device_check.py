@@ -15,6 +15,8 @@ built from the vendored MBPP), and each stage prints figures to compare:
   timing      the evaluator's residual wall clock, CUDA synchronisation vs CUDA events (same requests)
   stream      a streaming evaluation (chat on MT-Bench, token F1: no sandbox) on cuda and on cpu,
               fp32 without TF32: the forward counts must be equal
+  widths      a forward's cost by the tokens it feeds (1 to 257 after 256 cached) on a random
+              Qwen3-8B in bf16: the width-cost table decode.width_cost reads
 `--stage NAME` (repeatable) reruns stages alone; what they share (tiny model, tokenizer, data)
 is built once into OUTPUT_DIR/assets. OUTPUT_DIR is the check's own: it holds headstart's run record (headstart-run.json, kind
 device-check); a directory without it is never emptied (a non-empty one is refused).
@@ -36,10 +38,11 @@ from device_check_eval import stage_stream, stage_timing
 from device_check_memory import stage_memory
 from device_check_setup import preflight, prepare_assets
 from device_check_train import stage_objectives, stage_train, stage_zero3
+from device_check_widths import stage_widths
 
 STAGES: dict[str, Callable[[Check], list[Figure]]] = {
     "train": stage_train, "zero3": stage_zero3, "objectives": stage_objectives, "memory": stage_memory,
-    "timing": stage_timing, "stream": stage_stream,
+    "timing": stage_timing, "stream": stage_stream, "widths": stage_widths,
 }
 
 

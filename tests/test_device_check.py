@@ -88,7 +88,8 @@ def test_the_cpu_twin_runs_every_stage_and_reruns_one_alone(tmp_path):
             ("zero3", "merged vs adapter-on logits (fp32): max abs diff"), ("objectives", "distill: loss per step"),
             ("objectives", "refusion: loss per step"), ("memory", "checkpointing keeps fewer activations"),
             ("timing", "residual forwards equal in every run"),
-            ("stream", "cpu: streamed answer identical to baseline")} <= checked
+            ("stream", "cpu: streamed answer identical to baseline"),
+            ("widths", "table read back by decode.width_cost")} <= checked
     table = (out / "figures.md").read_text()
     assert table in result.stdout and "| zero3 | launch | processes: 1 (DEEPSPEED)" in table
 

@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # lookup.py imports this module
 
 ROOT = -1  # a node's parent when it follows the answer's last token
 # Occurrences of the answer's head (the answer less its last d tokens) resumed, longest context
-# first: two recover more than one on recorded HumanEval drafts (5.47x against 5.27x median
-# forward speedup, benchmarks/lookup_bound.py), and more crowd the tree without gain.
+# first: on recorded HumanEval drafts (tree of 16, realign 3) two give a 5.47x median forward
+# speedup, one 5.27x, three 5.50x with wider trees (docs/results.md#realignment-candidates).
 REALIGNED_OCCURRENCES = 2
 
 
@@ -124,13 +124,20 @@ class TreeProposer:
         length its context earns and `budget`; cut at a source's end and after an EOS."""
         if budget <= 0 or not answer:
             return []
-        matched = [(context, position + 1) for context, position in self._ranked(answer) if context >= self.policy.min_ngram]
         chosen: list[list[int]] = []
-        for context, start in matched + (self._realigned(answer) if self.policy.realign else []):
+        self._take(chosen, [(context, position + 1) for context, position in self._ranked(answer)
+                            if context >= self.policy.min_ngram], budget)
+        if self.policy.realign and len(chosen) < self.policy.tree:
+            self._take(chosen, self._realigned(answer), budget)
+        return chosen
+
+    def _take(self, chosen: list[list[int]], candidates: list[tuple[int, int]], budget: int) -> None:
+        """Add the continuations at each (context, start) in turn, until the tree is full; one a
+        chosen branch already covers adds nothing."""
+        for context, start in candidates:
             if len(chosen) == self.policy.tree:
-                break
+                return
             limit = min(self.policy.proposal_length(context), budget)
             branch = through_first_eos(self.index.tokens_after(start, limit), self.eos_token_ids)
             if branch and not any(taken[: len(branch)] == branch for taken in chosen):
                 chosen.append(branch)
-        return chosen

@@ -1,0 +1,45 @@
+"""The device check's widths stage: what a forward costs by the tokens it feeds, on a random
+Qwen3-8B (qwen3_prefix's model, its vendored config) in bf16. On a CPU a forward of 129 tokens
+costs several one-token steps, which is why token trees and realignment buy forwards but no wall
+clock there (docs/results.md#realignment-candidates); on a GPU at batch 1 a step is bound by
+reading the weights, so a wide forward should cost about one. The table is written where
+`decode.width_cost` reads it, so `benchmarks/lookup_bound.py --width-cost` can price the
+recorded policies with it afterwards."""
+
+from __future__ import annotations
+
+from device_check_base import Check, Figure
+from device_check_memory import CPU_SHAPE, MEMORY_RECIPE
+
+SHOWN_WIDTHS = (2, 9, 33, 129, 257)
+
+
+def stage_widths(check: Check) -> list[Figure]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from eval.engines.decode import DecodeSpec
+    from eval.engines.width_cost import measure
+    from train.memory import vendored_config
+    from train.sft import parse_recipe
+
+    recipe, _ = parse_recipe([f"recipe={MEMORY_RECIPE}", "training.report_to=[none]"])
+    config = vendored_config(recipe.model.name_or_path)
+    for key, value in (CPU_SHAPE.items() if check.cpu else ()):
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    dtype = torch.float32 if check.cpu else torch.bfloat16
+    with torch.device(check.device):  # initialised where it runs (memory stage: 16 GB never pass through the host)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").eval()
+    table = measure(model, recipe.model.name_or_path)
+    path = check.stage_dir("widths") / "width_cost.json"
+    table.save(path)
+    readable = DecodeSpec(width_cost=str(path)).width_table == table
+    label = f"{recipe.model.name_or_path}: {config.num_hidden_layers} layers x {config.hidden_size}, random weights"
+    return [
+        Figure("shape", label + (" (reduced on CPU, fp32: not comparable)" if check.cpu else " (bf16, sdpa)")),
+        Figure("one-token forward after 256 cached tokens (ms)", f"{table.seconds[0] * 1e3:.2f}"),
+        Figure("a forward of w tokens, in one-token steps",
+               ", ".join(f"{width}: {table.relative(width):.2f}" for width in SHOWN_WIDTHS)),
+        Figure("table read back by decode.width_cost", str(path), "the measured table", readable),
+    ]
