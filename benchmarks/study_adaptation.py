@@ -38,7 +38,7 @@ use_checkout()  # the checkout's eval, train and data_builders: not installed (h
 from study_report import CURVE_KEYS, write_study_report  # noqa: E402  (beside this script)
 
 from eval.before_after import BeforeAfterConfig, run_before_after, side_config  # noqa: E402
-from eval.benchmarks import get_benchmark  # noqa: E402
+from eval.benchmarks import BENCHMARKS, get_benchmark  # noqa: E402
 from eval.config import EvalConfig, check_limit  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
 from eval.reporting.metrics import summarize  # noqa: E402
@@ -81,7 +81,10 @@ class StudyConfig:
                           "whose prompt and answer cap exceed it are not built) and training's max_length."},
     )
     benchmarks: list[str] = field(default_factory=lambda: ["humaneval", "mbpp"], metadata={"help": "Evaluated benchmarks."})
-    data_paths: dict[str, str] = field(default_factory=dict, metadata={"help": "Local data per benchmark, e.g. {mbpp: path}."})
+    data_paths: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"help": "Local data per benchmark, e.g. {mbpp: path}; those of benchmarks not evaluated are not read."},
+    )
     limit: int | None = field(default=None, metadata={"help": "Requests per benchmark (the first N test problems); null: all."})
     backend: str = field(default=EvalConfig.backend, metadata={"help": "Fast-path drafting backend of every evaluation."})
     fast_batch_size: int = field(default=EvalConfig.fast_batch_size,
@@ -110,6 +113,9 @@ class StudyConfig:
     def __post_init__(self) -> None:
         if self.curve_benchmark not in self.benchmarks:
             raise ValueError(f"curve_benchmark={self.curve_benchmark!r} is not in benchmarks {self.benchmarks}")
+        unknown = sorted((set(self.benchmarks) | set(self.data_paths)) - set(BENCHMARKS))
+        if unknown:
+            raise ValueError(f"benchmarks or data_paths name {unknown}, not benchmarks ({', '.join(sorted(BENCHMARKS))})")
         unknown = sorted(set(self.objective_steps) - set(self.objectives))
         if unknown:
             raise ValueError(f"objective_steps names {unknown}, not objectives of the study ({', '.join(self.objectives)})")
@@ -309,7 +315,8 @@ def run_study(config: StudyConfig) -> None:
     first, *more = config.objectives
     report = BeforeAfterConfig(model=config.model, adapted=models[first],
                                more_adapted={name: models[name] for name in more}, benchmarks=config.benchmarks,
-                               data_paths=config.data_paths, limit=config.limit, decode=config.decode,
+                               data_paths={name: path for name, path in config.data_paths.items() if name in config.benchmarks},
+                               limit=config.limit, decode=config.decode,
                                timed_every=config.timed_every, backend=config.backend,
                                fast_batch_size=config.fast_batch_size, output_dir=str(output / "report"),
                                wandb_group=config.group)

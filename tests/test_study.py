@@ -1,12 +1,20 @@
-"""The adaptation study's settings and stages (benchmarks/study_adaptation.py): checkpoint
-spacing, refusals, and the merged models its evaluations load."""
+"""The adaptation study (benchmarks/study_adaptation.py): checkpoint spacing, refusals, the merged
+models its evaluations load, and the whole study on the embedded model, killed and resumed."""
 
 from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 from study_adaptation import StudyConfig, evaluated_model
 from test_before_after import make_adapter
+from test_train_support import REPO, launch_env
 
 from headstart.config import load_config
 from headstart.models import load_model
@@ -25,7 +33,9 @@ def test_a_final_run_checkpoints_often_and_on_every_curve_point():
 
 @pytest.mark.parametrize(("bad", "message"), [(["checkpoint_steps=0"], "checkpoint_steps >= 1"),
                                               (["curve_points=3"], "multiple of curve_points=3"),
-                                              (["objective_steps={refusion: 5}"], "not objectives of the study")])
+                                              (["objective_steps={refusion: 5}"], "not objectives of the study"),
+                                              (["benchmarks=[humaneval,mpbb]"], r"name \['mpbb'\], not benchmarks"),
+                                              (["data_paths={humaneva: x.jsonl}"], r"name \['humaneva'\]")])
 def test_bad_study_settings_are_refused_before_any_work(bad, message):
     with pytest.raises(ValueError, match=message):
         load_config(StudyConfig, ["recipe=study_smollm2", *bad])
@@ -47,3 +57,42 @@ def test_an_adapter_is_evaluated_merged_made_once(tmp_path, tiny_qwen3_dir):
     weights = next(merged.glob("*.safetensors")).stat().st_mtime_ns
     assert evaluated_model(config, adapter) == merged and next(merged.glob("*.safetensors")).stat().st_mtime_ns == weights
     assert evaluated_model(StudyConfig(benchmarks=["humaneval"], merge_for_eval=False), adapter) == adapter
+
+
+# The study of one objective on the embedded data, 2 problems, 2 steps: each stage's real code
+# (data build, sweep and training launches, merge, before/after, curve, report) in minutes.
+SMOKE_STUDY = ("objectives={'sft': 'smollm2_prefix'}, learning_rates=[1e-3], sweep_steps=1, max_steps=2, curve_points=2, "
+               "data_recipe='embedded_prefix', benchmarks=['humaneval'], limit=2, backend='transformers', threads=1, "
+               "decode=DecodeSpec(max_new_tokens=32)")
+
+
+@pytest.mark.slow
+def test_the_study_runs_to_its_report_and_resumes_after_a_kill(tmp_path):
+    """Killed (process group, as a preemption) once its sweep is done, the study reruns only
+    what is missing: the sweep's adapter is not trained again; the report pairs the objective
+    with the base, the curve has its three points, and the final adapter is evaluated merged."""
+    out = tmp_path / "study"
+    script = ("import sys; sys.path.insert(0, 'benchmarks')\n"
+              "from study_adaptation import StudyConfig, run_study\n"
+              "from eval.engines.decode import DecodeSpec\n"
+              f"run_study(StudyConfig({SMOKE_STUDY}, output_dir={str(out)!r}))\n")
+    command, env = [sys.executable, "-c", script], launch_env()
+    with (tmp_path / "first.log").open("w") as log:
+        first = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 900
+        while not (out / "sweep.json").is_file() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(1)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert (out / "sweep.json").is_file(), (tmp_path / "first.log").read_text()[-3000:]
+    swept = out / "sweep" / "sft-lr0.001" / "adapter" / "adapter_model.safetensors"
+    trained_at = swept.stat().st_mtime_ns
+
+    second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-4000:]
+    assert swept.stat().st_mtime_ns == trained_at
+    study = (out / "study.md").read_text()
+    assert "## Paired changes: humaneval, sft vs before" in study
+    assert [point["step"] for point in json.loads((out / "curve.json").read_text())["sft"]] == [0, 1, 2]
+    assert (out / "train" / "sft" / "adapter-merged" / "model.safetensors").is_file()
+    assert f"adapted: {out / 'train' / 'sft' / 'adapter-merged'}" in (out / "report" / "config.yaml").read_text()
