@@ -48,6 +48,7 @@ from headstart.files import read_jsonl  # noqa: E402
 from headstart.run_dir import check_output_dir, write_mark  # noqa: E402
 
 STUDY_KIND = "study"
+MERGED_FROM = ".merged-from"  # in an adapter's merge: the adapter's weights fingerprint
 
 
 @dataclass
@@ -209,16 +210,24 @@ def train(config: StudyConfig, objective: str, run_dir: Path, data_dir: Path, le
 
 def evaluated_model(config: StudyConfig, adapter: Path) -> Path:
     """What an adapter's evaluation loads: the adapter itself, or (merge_for_eval) its float32
-    merge beside it, made once (written aside, then renamed: a killed merge is made again)."""
+    merge beside it, made once per adapter content (a merge records the adapter's fingerprint: an
+    adapter retrained at the same path is merged again; a merge is written aside, then renamed, so
+    a killed one is made again)."""
     if not config.merge_for_eval:
         return adapter
-    merged = adapter.parent / f"{adapter.name}-merged"
-    if not merged.is_dir():
-        from train.merge import merge_adapter  # here, not above: `--help` loads no torch
+    from headstart.models import weights_fingerprint  # here, not above: `--help` loads no torch
+
+    merged, source = adapter.parent / f"{adapter.name}-merged", weights_fingerprint(str(adapter))
+    record = merged / MERGED_FROM  # a dot file: not part of the merged model's own fingerprint
+    if not (record.is_file() and record.read_text() == source):
+        from train.merge import merge_adapter
 
         partial = adapter.parent / f"{adapter.name}-merging"
         shutil.rmtree(partial, ignore_errors=True)
-        merge_adapter(adapter, partial).rename(merged)
+        merge_adapter(adapter, partial)
+        (partial / MERGED_FROM).write_text(source)
+        shutil.rmtree(merged, ignore_errors=True)
+        partial.rename(merged)
     return merged
 
 

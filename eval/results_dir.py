@@ -3,7 +3,6 @@ check that a rerun may resume it (same settings, same weights and data)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from eval.benchmarks import data_fingerprint
 from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
 from eval.engines.width_cost import AUTO, auto_path
-from eval.shards import SHARDS_DIR
+from eval.shards import SHARDS_DIR, recorded_settings
 from headstart.config import config_to_dict
 from headstart.devices import resolve_device
 from headstart.models import weights_fingerprint
@@ -55,20 +54,12 @@ def result_settings(config: EvalConfig) -> dict[str, Any]:
     }
 
 
-def _recorded_settings(output_dir: Path) -> dict[str, Any]:
-    path = output_dir / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not JSON ({error}); the settings of these results are unknown") from error
-
-
 def saved_config(output_dir: Path) -> EvalConfig:
     """The evaluation config that wrote a results directory (its number-deciding settings;
     those config.json does not record, the decode settings its engine and regeneration
     mode ignore, at their defaults)."""
     defaults = {f.name: f.default for f in fields(EvalConfig) + fields(DecodeSpec) if f.default is not MISSING}
-    settings = defaults | _recorded_settings(output_dir)
+    settings = defaults | recorded_settings(output_dir)
     decode = DecodeSpec(**{f.name: settings[f.name] for f in fields(DecodeSpec)})
     return EvalConfig(**{k: settings[k] for k in RESULT_KEYS}, decode=decode, output_dir=str(output_dir))
 
@@ -86,7 +77,7 @@ def check_resumable(output_dir: Path, current: dict[str, Any]) -> dict[str, Any]
             raise ValueError(f"{output_dir} holds {', '.join(found)} but no config.json: the settings, weights and data "
                              "of those results are unknown; choose another output_dir")
         return current
-    saved = _recorded_settings(output_dir)  # a setting it does not record is a difference, not a default
+    saved = recorded_settings(output_dir)  # a setting it does not record is a difference (eval.shards.ADDED_SETTINGS aside)
     changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
     if changed:
         detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())

@@ -125,13 +125,28 @@ def _one_count(root: Path, shards: set[Shard]) -> int:
     return counts[0]
 
 
+# Number-deciding settings added after results directories were first written, each with the value
+# that gives the numbers recorded before it existed: a directory (or shard) that does not record one
+# ran with that value. Any other setting a directory does not record is a difference.
+ADDED_SETTINGS = {"lookup_realign": 0}
+
+
+def recorded_settings(directory: Path) -> dict[str, Any]:
+    """The settings a results directory's config.json records, with ADDED_SETTINGS where it predates them."""
+    path = directory / "config.json"
+    try:
+        return ADDED_SETTINGS | json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not JSON ({error}); the settings of these results are unknown") from error
+
+
 def _finished_records(directory: Path, shard: Shard, settings: dict[str, Any],
                       request_ids: list[str]) -> dict[str, dict[str, Any]]:
     """A shard's record of each of `request_ids`, checked: this run's settings, these requests, all finished."""
     if not (directory / MANIFEST).is_file() or not (directory / "config.json").is_file():
         raise ValueError(f"{directory}: shard {shard} never started (no {MANIFEST} or config.json): run it with "
                          f"shard={shard}")
-    saved = json.loads((directory / "config.json").read_text())
+    saved = recorded_settings(directory)
     changed = [f"{k}: {saved.get(k)!r} (shard) vs {v!r} (this run)" for k, v in settings.items() if saved.get(k) != v]
     if changed:
         raise ValueError(f"{directory}: shard {shard} ran with other settings ({'; '.join(changed)}); rerun it with "

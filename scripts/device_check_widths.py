@@ -8,7 +8,7 @@ recorded policies with it afterwards."""
 
 from __future__ import annotations
 
-from device_check_base import Check, Figure
+from device_check_base import Check, CheckError, Figure
 from device_check_memory import CPU_SHAPE, MEMORY_RECIPE
 
 SHOWN_WIDTHS = (2, 9, 33, 129, 257)
@@ -31,6 +31,8 @@ def stage_widths(check: Check) -> list[Figure]:
     dtype = torch.float32 if check.cpu else torch.bfloat16
     with torch.device(check.device):  # initialised where it runs (memory stage: 16 GB never pass through the host)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").eval()
+    if model.device.type != check.device:  # a transformers that builds elsewhere first: never time an 8B model on the host
+        raise CheckError(f"the model was built on {model.device}, not {check.device}")
     table = measure(model, recipe.model.name_or_path)
     path = check.stage_dir("widths") / "width_cost.json"
     table.save(path)

@@ -120,6 +120,23 @@ def test_results_whose_config_lacks_fingerprints_are_refused(tiny_qwen3_dir, tmp
         run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=2))
 
 
+def test_results_written_before_a_setting_existed_resume_under_its_old_value(tiny_qwen3_dir, tmp_path):
+    """A directory whose config.json predates `lookup_realign` ran without realignment: it resumes
+    under lookup_realign=0 and is refused under another value; any other unrecorded setting is a
+    difference."""
+    run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1))
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "lookup_realign"}))
+    run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=2))
+    assert len(read_jsonl(tmp_path / "results.jsonl")) == 2
+    realigning = dict(lookup_match="longest", lookup_tree=4, lookup_realign=2)
+    with pytest.raises(ValueError, match="other settings .*lookup_realign: 0 -> 2"):
+        run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=2, **realigning))
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "lookup_tree"}))
+    with pytest.raises(ValueError, match="other settings .*lookup_tree: None -> 1"):
+        run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=2))
+
+
 def test_saved_config_gives_back_the_settings_that_wrote_the_results(tiny_qwen3_dir, tmp_path):
     """What the analysis scripts (benchmarks/lookup_bound.py, greedy_divergence.py) rebuild a run from."""
     run_evaluation(config_for(tiny_qwen3_dir, tmp_path, limit=1, regenerate="plain"))
