@@ -23,15 +23,11 @@ def stage_memory(check: Check) -> list[Figure]:
     import torch
 
     from train.arguments import lora_config
-    from train.memory import estimate, vendored_config
-    from train.sft import parse_recipe
+    from train.memory import estimate
 
-    recipe, _ = parse_recipe([f"recipe={MEMORY_RECIPE}", "training.report_to=[none]"])
+    recipe, config = paper_model_config(check)
     batch = recipe.training["per_device_train_batch_size"]
     sequence = CPU_SEQUENCE if check.cpu else recipe.training["max_length"]
-    config = vendored_config(recipe.model.name_or_path)
-    for key, value in (CPU_SHAPE.items() if check.cpu else ()):
-        setattr(config, key, value)
     model = shaped_lora_model(config, lora_config(recipe), check.device)
     weights = None if check.cpu else torch.cuda.memory_allocated() / 2**30
     torch.manual_seed(0)
@@ -63,16 +59,34 @@ def stage_memory(check: Check) -> list[Figure]:
     return figures
 
 
-def shaped_lora_model(config, lora, device: str):
-    """A random-init model of `config` on `device` (bf16 on GPU, fp32 on CPU) with the recipe's LoRA."""
+def paper_model_config(check: Check):
+    """MEMORY_RECIPE's recipe and its model's vendored config (train/memory.py), at CPU_SHAPE on --cpu."""
+    from train.memory import vendored_config
+    from train.sft import parse_recipe
+
+    recipe, _ = parse_recipe([f"recipe={MEMORY_RECIPE}", "training.report_to=[none]"])
+    config = vendored_config(recipe.model.name_or_path)
+    for key, value in (CPU_SHAPE.items() if check.cpu else ()):
+        setattr(config, key, value)
+    return recipe, config
+
+
+def random_model(config, device: str):
+    """A random-init model of `config` built on `device` (bf16 on GPU, fp32 on CPU), seeded."""
     import torch
-    from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     with torch.device(device):  # initialised where it runs: 16 GB never pass through host memory
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+
+
+def shaped_lora_model(config, lora, device: str):
+    """A random-init model of `config` on `device` (random_model) with the recipe's LoRA."""
+    from peft import get_peft_model
+
+    model = random_model(config, device)
     model.to(device)  # a no-op, unless a transformers version builds elsewhere first
     model.config.use_cache = False  # as the trainer runs it: no KV cache while training
     return get_peft_model(model, lora)

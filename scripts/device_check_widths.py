@@ -9,28 +9,17 @@ recorded policies with it afterwards."""
 from __future__ import annotations
 
 from device_check_base import Check, CheckError, Figure
-from device_check_memory import CPU_SHAPE, MEMORY_RECIPE
+from device_check_memory import paper_model_config, random_model
 
 SHOWN_WIDTHS = (2, 9, 33, 129, 257)
 
 
 def stage_widths(check: Check) -> list[Figure]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from eval.engines.decode import DecodeSpec
     from eval.engines.width_cost import measure
-    from train.memory import vendored_config
-    from train.sft import parse_recipe
 
-    recipe, _ = parse_recipe([f"recipe={MEMORY_RECIPE}", "training.report_to=[none]"])
-    config = vendored_config(recipe.model.name_or_path)
-    for key, value in (CPU_SHAPE.items() if check.cpu else ()):
-        setattr(config, key, value)
-    torch.manual_seed(0)
-    dtype = torch.float32 if check.cpu else torch.bfloat16
-    with torch.device(check.device):  # initialised where it runs (memory stage: 16 GB never pass through the host)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa").eval()
+    recipe, config = paper_model_config(check)
+    model = random_model(config, check.device).eval()
     if model.device.type != check.device:  # a transformers that builds elsewhere first: never time an 8B model on the host
         raise CheckError(f"the model was built on {model.device}, not {check.device}")
     table = measure(model, recipe.model.name_or_path)
