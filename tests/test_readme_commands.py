@@ -106,6 +106,13 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m eval recipe=humaneval_smollm2 limit=40 timed_every=40 decode.max_new_tokens=128 backend=vllm "
     "fast_batch_size=256 decode.lookup_match=longest decode.lookup_tree=16 decode.lookup_max_block=32 "
     "decode.lookup_realign=3 output_dir=outputs/bench/realign27/humaneval": RunCheap(CHECK_ONLY),
+    'python benchmarks/lookup_bound.py outputs/bench/lookup27/mbpp --width-cost '
+    'outputs/width_cost/smollm2-cpu-AMD_EPYC-2threads.json --policy "lookup_match=longest lookup_tree=64 '
+    'lookup_max_block=32 lookup_realign=8" --policy "lookup_match=longest lookup_tree=64 lookup_max_block=32 '
+    'lookup_realign=12" --policy "lookup_match=longest lookup_tree=128 lookup_max_block=32 lookup_realign=12"': HelpHas(),
+    "python -m eval recipe=humaneval_smollm2 benchmark=mbpp data_path=data/mbpp/mbpp.jsonl limit=40 timed_every=40 "
+    "decode.max_new_tokens=128 backend=vllm fast_batch_size=256 decode.lookup_match=longest decode.lookup_tree=64 "
+    "decode.lookup_max_block=32 decode.lookup_realign=12 output_dir=outputs/bench/realign27/mbpp-tree64": RunCheap(CHECK_ONLY),
     # Width costs and the cost chooser (docs/results.md)
     "python benchmarks/lookup_bound.py outputs/bench/lookup27/humaneval --width-cost "
     'outputs/width_cost/smollm2-cpu-AMD_EPYC-2threads.json --policy "lookup_match=longest lookup_max_block=32 '
@@ -215,6 +222,14 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "decode.lookup_match=longest decode.lookup_max_block=32 decode.lookup_choice=cost decode.width_cost=auto "
     "typing=cpm:260 output_dir=outputs/bench/typing27/humaneval": Checked(),
     "python -m eval recipe=humaneval_smollm2 typing=cpm:260": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 decode.max_new_tokens=128 typing=cpm:260 "
+    "output_dir=outputs/bench/typing27/recipe-default-128": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 decode.max_new_tokens=128 decode.lookup_match=longest "
+    "decode.lookup_max_block=32 decode.lookup_choice=cost decode.width_cost=auto typing=cpm:260 "
+    "output_dir=outputs/bench/typing27/recipe-chooser-128": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 decode.max_new_tokens=256 decode.lookup_match=longest "
+    "decode.lookup_max_block=32 decode.lookup_choice=cost decode.width_cost=auto typing=cpm:260 "
+    "output_dir=outputs/bench/typing27/recipe-chooser": RunCheap(CHECK_ONLY),
     "python -m eval recipe=humaneval_smollm2 typing=cpm:260 typing_policy=abandon decode.width_cost=auto":
         RunCheap(CHECK_ONLY),
     "python -m eval recipe=humaneval_smollm2 typing=keystrokes.tsv":
