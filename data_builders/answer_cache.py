@@ -15,9 +15,22 @@ from headstart.files import append_jsonl, read_jsonl
 
 
 def answer_key(model: str, prompt: str, max_new_tokens: int) -> str:
-    """What identifies a greedy answer: the model, the exact prompt text, the length budget."""
+    """What identifies a greedy answer: the model (`model_identity`), the exact prompt text,
+    the length budget."""
     payload = json.dumps([model, prompt, max_new_tokens, "greedy"], ensure_ascii=False)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def model_identity(model: str) -> str:
+    """The model part of an answer's key: an embedded or hub name as given (the name pins its
+    weights, and the shipped caches are keyed by it), a local directory or file with the content
+    hash of what loads from it. Iterated self-distillation answers with an adapter that is
+    retrained at the same path: its second round must not reuse the first round's answers."""
+    from headstart.models import EMBEDDED_MODELS, weights_fingerprint
+
+    if model.lower() in EMBEDDED_MODELS or not Path(model).expanduser().exists():
+        return model
+    return f"{model}@{weights_fingerprint(model)}"
 
 
 class AnswerCache:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from data_builders.answer_cache import AnswerCache, answer_key
+from data_builders.answer_cache import AnswerCache, answer_key, model_identity
 from headstart.devices import default_device
 from headstart.models import end_token_ids
 from headstart.paths import safe_name
@@ -51,7 +51,8 @@ def greedy_answers_finished(
     model's answer to a plain user turn, no system message."""
     tokenizer = _tokenizer(settings.model)
     prompts = [render_prompt(tokenizer, build_messages(r)) for r in requests]
-    keys = [answer_key(settings.model, p, settings.max_new_tokens) for p in prompts]
+    identity = model_identity(settings.model)
+    keys = [answer_key(identity, p, settings.max_new_tokens) for p in prompts]
     unique = sorted(dict(zip(keys, prompts)).items(), key=lambda kv: (len(kv[1]), kv[0]))
     generate: Generate | None = None
     batches = [unique[i : i + settings.batch_size] for i in range(0, len(unique), settings.batch_size)]

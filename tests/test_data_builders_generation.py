@@ -18,12 +18,13 @@ from pathlib import Path
 from datasets import load_from_disk
 from test_data_builders import tree_bytes
 
-from data_builders.answer_cache import AnswerCache, answer_key
+from data_builders.answer_cache import AnswerCache, answer_key, model_identity
 from data_builders.build import build
 from data_builders.config import BuildConfig
 from data_builders.generation import cache_path
 from data_builders.report import Report
 from headstart.config import load_config
+from headstart.models import end_token_ids
 from headstart.prompts import build_messages, render_prompt
 from headstart.segment import prefixes, segment_request
 
@@ -45,7 +46,7 @@ def embedded_args(output: Path, model: Path, *extra: str) -> list[str]:
 def cached_answer(work: Path, model: Path, tokenizer, request: str, max_new_tokens: int) -> str:
     cache = AnswerCache(cache_path(work, str(model)))
     prompt = render_prompt(tokenizer, build_messages(request))
-    return cache.get(answer_key(str(model), prompt, max_new_tokens))
+    return cache.get(answer_key(model_identity(str(model)), prompt, max_new_tokens))
 
 
 def test_self_distilled_ar_pairs(tmp_path, tiny_qwen3_ending_dir, tiny_tokenizer):
@@ -83,7 +84,7 @@ def test_answers_cut_at_the_token_cap_are_dropped_and_counted(tmp_path, tiny_qwe
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     rows = map(json.loads, (ROOT / "data_builders/embedded/requests.jsonl").open())
     requests = {row["id"]: row["request"] for row in rows}
-    by_key = {answer_key(str(model_dir), render_prompt(tiny_tokenizer, build_messages(r)), 24): i for i, r in requests.items()}
+    by_key = {answer_key(model_identity(str(model_dir)), render_prompt(tiny_tokenizer, build_messages(r)), 24): i for i, r in requests.items()}
     checked = 0
     for key in sorted(cache.answers)[:8]:
         prompt = render_prompt(tiny_tokenizer, build_messages(requests[by_key[key]]))
@@ -99,6 +100,49 @@ def test_answers_cut_at_the_token_cap_are_dropped_and_counted(tmp_path, tiny_qwe
     assert {row["source_id"] for row in rows} == kept
     cut_answers = {cache.get(k) for k in cut}
     assert not any(row["messages"][2]["content"] in cut_answers for row in rows)
+
+
+def test_a_second_round_answers_with_the_adapter_as_it_is_now(tmp_path, tiny_qwen3_ending_dir, tiny_tokenizer):
+    """Iterated self-distillation (docs/data.md): the next round's answers come from the adapted
+    model, `model=ADAPTER`. An adapter retrained at the same path and built again into the same
+    directory answers anew: a cache keyed by the path alone returned the old adapter's answers."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    adapter = tmp_path / "adapter"
+
+    def train_adapter(seed: int) -> None:  # a random LoRA stands in for a training round
+        torch.manual_seed(seed)
+        base = AutoModelForCausalLM.from_pretrained(tiny_qwen3_ending_dir, dtype=torch.float32)
+        peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+        with torch.no_grad():  # small enough that some answers still end, large enough to change some
+            for name, weight in peft_model.named_parameters():
+                if "lora_B" in name:
+                    weight.normal_(0.0, 0.05)
+        peft_model.save_pretrained(adapter)
+
+    def answers_built() -> dict[str, str]:
+        output = build(load_config(BuildConfig, embedded_args(tmp_path / "out", adapter, "caps.max_pairs=0")))
+        data = load_from_disk(str(output))
+        return {row["source_id"]: row["messages"][2]["content"] for split in data.values() for row in split}
+
+    train_adapter(seed=0)
+    first = answers_built()
+    train_adapter(seed=1)
+    second = answers_built()
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_qwen3_ending_dir, dtype=torch.float32)
+    adapted = PeftModel.from_pretrained(base, adapter).eval()
+    rows = map(json.loads, (ROOT / "data_builders/embedded/requests.jsonl").open())
+    requests = {row["id"]: row["request"] for row in rows}
+    for source_id, answer in second.items():
+        prompt = render_prompt(tiny_tokenizer, build_messages(requests[source_id]))
+        ids = tiny_tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+        new = adapted.generate(input_ids=ids, max_new_tokens=24, do_sample=False, pad_token_id=tiny_tokenizer.pad_token_id,
+                               eos_token_id=sorted(end_token_ids(tiny_tokenizer, adapted.generation_config)))
+        assert answer == tiny_tokenizer.decode(new[0, ids.shape[1]:], skip_special_tokens=True).strip(), source_id
+    assert second and first.keys() & second.keys() and any(first[k] != second[k] for k in first.keys() & second.keys())
 
 
 def test_draft_refinement_triples(tmp_path, tiny_llama_dir, tiny_tokenizer, data_dir):

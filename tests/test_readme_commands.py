@@ -182,6 +182,12 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m eval.before_after recipe=before_after_smollm2 limit=null timed_every=20 backend=vllm fast_batch_size=256":
         Checked("tests/test_count_mode.py::test_counted_records_equal_the_step_by_step_engines"),
     "python benchmarks/study_adaptation.py recipe=study_smollm2": Checked(),
+    # Iterated self-distillation (docs/training.md)
+    "python -m data_builders recipe=smollm2_code_self model=outputs/train/smollm2_prefix/adapter "
+    "output_dir=outputs/data/smollm2_code_self_round2":
+        Checked("tests/test_data_builders_generation.py::test_a_second_round_answers_with_the_adapter_as_it_is_now"),
+    "accelerate launch train/sft.py recipe=smollm2_prefix data.path=outputs/data/smollm2_code_self_round2 "
+    "data.answers_from_other_model=true training.output_dir=outputs/train/smollm2_prefix_round2": Checked(),
     "python benchmarks/study_adaptation.py recipe=study_smollm2 data_recipe=embedded_prefix max_steps=2 "
     "objective_steps.sdft=2 curve_points=2 sweep_steps=1 learning_rates=[1e-3] limit=2 benchmarks=[humaneval] "
     "output_dir=/tmp/study_smoke": Checked(),
