@@ -84,7 +84,8 @@ def test_answers_cut_at_the_token_cap_are_dropped_and_counted(tmp_path, tiny_qwe
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     rows = map(json.loads, (ROOT / "data_builders/embedded/requests.jsonl").open())
     requests = {row["id"]: row["request"] for row in rows}
-    by_key = {answer_key(model_identity(str(model_dir)), render_prompt(tiny_tokenizer, build_messages(r)), 24): i for i, r in requests.items()}
+    identity = model_identity(str(model_dir))
+    by_key = {answer_key(identity, render_prompt(tiny_tokenizer, build_messages(r)), 24): i for i, r in requests.items()}
     checked = 0
     for key in sorted(cache.answers)[:8]:
         prompt = render_prompt(tiny_tokenizer, build_messages(requests[by_key[key]]))
@@ -103,7 +104,7 @@ def test_answers_cut_at_the_token_cap_are_dropped_and_counted(tmp_path, tiny_qwe
 
 
 def test_a_second_round_answers_with_the_adapter_as_it_is_now(tmp_path, tiny_qwen3_ending_dir, tiny_tokenizer):
-    """Iterated self-distillation (docs/data.md): the next round's answers come from the adapted
+    """Iterated self-distillation (docs/training.md): the next round's answers come from the adapted
     model, `model=ADAPTER`. An adapter retrained at the same path and built again into the same
     directory answers anew: a cache keyed by the path alone returned the old adapter's answers."""
     import torch

@@ -228,6 +228,10 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "decode.lookup_match=longest decode.lookup_max_block=32 decode.lookup_choice=cost decode.width_cost=auto "
     "typing=cpm:260 output_dir=outputs/bench/typing27/humaneval": Checked(),
     "python -m eval recipe=humaneval_smollm2 typing=cpm:260": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 limit=40 backend=vllm fast_batch_size=256 typing=cpm:260 "
+    "output_dir=outputs/bench/typing27/recipe-default-40": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 limit=40 backend=vllm fast_batch_size=256 typing=cpm:260 "
+    "typing_policy=abandon output_dir=outputs/bench/typing27/recipe-default-40": RunCheap(CHECK_ONLY),
     "python -m eval recipe=humaneval_smollm2 decode.max_new_tokens=128 typing=cpm:260 "
     "output_dir=outputs/bench/typing27/recipe-default-128": RunCheap(CHECK_ONLY),
     "python -m eval recipe=humaneval_smollm2 decode.max_new_tokens=128 decode.lookup_match=longest "
