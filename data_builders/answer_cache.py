@@ -22,10 +22,12 @@ def answer_key(model: str, prompt: str, max_new_tokens: int) -> str:
 
 
 def model_identity(model: str) -> str:
-    """The model part of an answer's key: an embedded or hub name as given (the name pins its
-    weights, and the shipped caches are keyed by it), a local directory or file with the content
-    hash of what loads from it. Iterated self-distillation answers with an adapter that is
-    retrained at the same path: its second round must not reuse the first round's answers."""
+    """The model part of an answer's key: a local directory or file with the content hash of what
+    loads from it, since iterated self-distillation answers with an adapter that is retrained at
+    the same path, and its second round must not reuse the first round's answers. An embedded
+    name (its weights are a pinned package) or a hub id stays as given: the shipped caches are
+    keyed by the name, and a hub repository updated in place is not noticed (pin a revision by
+    downloading it to a directory)."""
     from headstart.models import EMBEDDED_MODELS, weights_fingerprint
 
     if model.lower() in EMBEDDED_MODELS or not Path(model).expanduser().exists():

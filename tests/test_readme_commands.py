@@ -183,11 +183,12 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
         Checked("tests/test_count_mode.py::test_counted_records_equal_the_step_by_step_engines"),
     "python benchmarks/study_adaptation.py recipe=study_smollm2": Checked(),
     # Iterated self-distillation (docs/training.md)
-    "python -m data_builders recipe=smollm2_code_self model=outputs/train/smollm2_prefix/adapter "
+    "python -m data_builders recipe=smollm2_code_self model=outputs/study/smollm2/train/sft/adapter "
     "output_dir=outputs/data/smollm2_code_self_round2":
         Checked("tests/test_data_builders_generation.py::test_a_second_round_answers_with_the_adapter_as_it_is_now"),
     "accelerate launch train/sft.py recipe=smollm2_prefix data.path=outputs/data/smollm2_code_self_round2 "
-    "data.answers_from_other_model=true training.output_dir=outputs/train/smollm2_prefix_round2": Checked(),
+    "data.answers_from_other_model=true training.max_steps=160 training.learning_rate=3e-3 "
+    "training.output_dir=outputs/train/smollm2_code_self_round2": Checked(),
     "python benchmarks/study_adaptation.py recipe=study_smollm2 data_recipe=embedded_prefix max_steps=2 "
     "objective_steps.sdft=2 curve_points=2 sweep_steps=1 learning_rates=[1e-3] limit=2 benchmarks=[humaneval] "
     "output_dir=/tmp/study_smoke": Checked(),
@@ -231,9 +232,11 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m eval recipe=humaneval_smollm2 limit=40 backend=vllm fast_batch_size=256 typing=cpm:260 "
     "output_dir=outputs/bench/typing27/recipe-default-40": RunCheap(CHECK_ONLY),
     "python -m eval recipe=humaneval_smollm2 limit=40 backend=vllm fast_batch_size=256 typing=cpm:260 "
-    "typing_policy=abandon output_dir=outputs/bench/typing27/recipe-default-40": RunCheap(CHECK_ONLY),
-    "python -m eval recipe=humaneval_smollm2 decode.max_new_tokens=128 typing=cpm:260 "
+    "typing_policy=abandon decode.width_cost=auto output_dir=outputs/bench/typing27/recipe-default-40": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 decode.max_new_tokens=128 typing=cpm:260 decode.width_cost=auto "
     "output_dir=outputs/bench/typing27/recipe-default-128": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 decode.max_new_tokens=256 typing=cpm:260 decode.width_cost=auto "
+    "output_dir=outputs/bench/typing27/recipe-default-256": RunCheap(CHECK_ONLY),
     "python -m eval recipe=humaneval_smollm2 decode.max_new_tokens=128 decode.lookup_match=longest "
     "decode.lookup_max_block=32 decode.lookup_choice=cost decode.width_cost=auto typing=cpm:260 "
     "output_dir=outputs/bench/typing27/recipe-chooser-128": RunCheap(CHECK_ONLY),
