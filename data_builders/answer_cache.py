@@ -28,9 +28,9 @@ def model_identity(model: str) -> str:
     name (its weights are a pinned package) or a hub id stays as given: the shipped caches are
     keyed by the name, and a hub repository updated in place is not noticed (pin a revision by
     downloading it to a directory)."""
-    from headstart.models import EMBEDDED_MODELS, weights_fingerprint
+    from headstart.models import EMBEDDED_MODELS, is_hub_id, weights_fingerprint
 
-    if model.lower() in EMBEDDED_MODELS or not Path(model).expanduser().exists():
+    if model.lower() in EMBEDDED_MODELS or is_hub_id(model):
         return model
     return f"{model}@{weights_fingerprint(model)}"
 
