@@ -29,7 +29,8 @@ def write_study_report(config: StudyConfig, output: Path, losses, best, summarie
     records = {b: {side: read_jsonl(output / "report" / side / b / "results.jsonl") for side in summaries[b]}
                for b in config.benchmarks}
     curve_requests = problems(config.curve_requests)
-    curve_png = learning_curve(points, f"{config.curve_benchmark}, {curve_requests}", figures / "learning_curve.png")
+    curve_png = learning_curve(points, f"{config.curve_benchmark}, {curve_requests} problems at every point",
+                               figures / "learning_curve.png")
     boxes_png = residual_forwards_boxes(records, figures / "residual_forwards.png")
     paired = compare_sides(records)  # every objective against the base, over the same requests
     paired_png = paired_differences({b: {side: list(c.differences.values()) for side, c in sides.items()}
