@@ -28,9 +28,8 @@ def write_study_report(config: StudyConfig, output: Path, losses, best, summarie
     figures = output / "figures"
     records = {b: {side: read_jsonl(output / "report" / side / b / "results.jsonl") for side in summaries[b]}
                for b in config.benchmarks}
-    curve_requests = problems(config.curve_requests)
-    curve_png = learning_curve(points, f"{config.curve_benchmark}, {curve_requests} problems at every point",
-                               figures / "learning_curve.png")
+    curve_scope = f"{config.curve_benchmark}, {problems(config.curve_requests)} problems at every point"
+    curve_png = learning_curve(points, curve_scope, figures / "learning_curve.png")
     boxes_png = residual_forwards_boxes(records, figures / "residual_forwards.png")
     paired = compare_sides(records)  # every objective against the base, over the same requests
     paired_png = paired_differences({b: {side: list(c.differences.values()) for side, c in sides.items()}
@@ -50,7 +49,7 @@ def write_study_report(config: StudyConfig, output: Path, losses, best, summarie
     lines += paired_markdown(paired, names={"after": first})
     curve_rows = [[o, str(p["step"]), f"{p['forwards_stream_median']:g}", f"{p['draft_kept_mean']:.1%}",
                    f"{p['single_forward_share']:.1%}", f"{p['quality_stream']:.1%}"] for o, ps in points.items() for p in ps]
-    lines += [f"## Learning curve ({config.curve_benchmark}, {curve_requests} problems at every point)\n",
+    lines += [f"## Learning curve ({curve_scope})\n",
               markdown_rows(["objective", "step", "median residual fwd", "draft kept", "1-forward", "pass@1"], curve_rows),
               "", f"![learning curve](figures/{curve_png.name})", f"![residual forwards](figures/{boxes_png.name})",
               f"![paired differences](figures/{paired_png.name})"]
