@@ -3,6 +3,7 @@ builders' `answers=self`) and the drafting work of a HumanEval evaluation (every
 of every request drafted: greedy in one batch, `threshold:TAU` round by round).
 
     python benchmarks/bench_vllm.py --distill 200 --eval 20
+    python benchmarks/bench_vllm.py --eval 40 --block-sizes 128 32 --vllm-cpu-bind auto
 
 Needs the vLLM environment (bash scripts/setup_vllm.sh). Both backends get the same token
 ids; the table gives generated tokens, wall clock, tokens/s and how many answers (drafts)
@@ -11,11 +12,17 @@ on its own row too. The self-distilled requests are the Magicoder rows vendored 
 data/code_sft (LMSYS-Chat-1M is gated and not vendored). On a GPU machine run the same
 command (scripts/setup_vllm.sh with HEADSTART_VLLM_PACKAGE=vllm==<version>); add
 --device cuda for the transformers side.
+
+`--block-sizes` compares vLLM KV-cache block sizes instead (vllm.block_size): the count-mode
+drafting of the `--eval` HumanEval requests (greedy drafts of every prefix S_1..S_n, one
+batch of `--vllm-batch` prompts at a time) once per size, side by side, with the drafts'
+agreement with the first size's.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -52,17 +59,22 @@ def distill(backend: str, requests: list[str], args, work: Path) -> dict:
     return {"seconds": time.perf_counter() - start, "answers": answers}
 
 
-def drafting(loaded, backend: str, acceptance: str, requests, args) -> dict:
-    """Drafts D_1..D_{n-1} of every request and their forwards, as the evaluator's fast path computes them."""
+def drafting(loaded, backend: str, acceptance: str, requests, args, counted: bool = False,
+             settings: VLLMSettings | None = None) -> dict:
+    """Drafts D_1..D_{n-1} of every request and their forwards, as the evaluator's fast path computes them;
+    `counted`: D_n too (count mode), in groups of requests that fit `--vllm-batch` prompts, as the evaluator sends them."""
     decode = DecodeSpec(acceptance=acceptance, max_new_tokens=args.max_new_tokens)
     start = time.perf_counter()
+    untimed = {request.request_id for request in requests} if counted else set()
     evaluator = StreamingEvaluator(loaded, EvalConfig(
-        model="smollm2", decode=decode, backend=backend,
-        fast_batch_size=args.vllm_batch if backend == "vllm" else args.hf_eval_batch, vllm=vllm_settings(args)))
+        model="smollm2", decode=decode, backend=backend, vllm=settings or vllm_settings(args),
+        fast_batch_size=args.vllm_batch if backend == "vllm" else args.hf_eval_batch), requests, untimed)
     started = time.perf_counter()
     try:
-        prompts = [evaluator.prompts(request) for request in requests]
-        draftings = evaluator.drafts(prompts)
+        draftings = []
+        for group in evaluator.request_groups(requests) if counted else [requests]:
+            prompts = [evaluator.prompts(request) for request in group]
+            draftings += evaluator.drafts(prompts, [counted] * len(prompts))
     finally:
         evaluator.close()
     end = time.perf_counter()
@@ -71,6 +83,23 @@ def drafting(loaded, backend: str, acceptance: str, requests, args) -> dict:
 
 def vllm_settings(args) -> VLLMSettings:
     return VLLMSettings(cpu_threads_bind=args.vllm_cpu_bind)
+
+
+def compare_block_sizes(loaded, requests, args) -> list[str]:
+    """Count-mode drafting of `requests` on vLLM once per block size, side by side (table rows)."""
+    runs = {size: drafting(loaded, "vllm", "greedy", requests, args, counted=True,
+                           settings=dataclasses.replace(vllm_settings(args), block_size=size))
+            for size in args.block_sizes}
+    first = runs[args.block_sizes[0]]["draftings"]
+    lines = []
+    for size, run in runs.items():
+        answers = [[*d.drafts, d.answer] for d in run["draftings"]]
+        same = sum(a == b for mine, theirs in zip(answers, ([*d.drafts, d.answer] for d in first)) for a, b in zip(mine, theirs))
+        tokens = sum(map(len, (a for request in answers for a in request)))
+        seconds = run["seconds"] - run["start_seconds"]
+        lines.append(row(f"count-mode drafting, {len(requests)} HumanEval, block_size {size}", "vllm", tokens, seconds,
+                         f"{same}/{sum(map(len, answers))} drafts as block_size {args.block_sizes[0]}"))
+    return lines
 
 
 def row(task: str, backend: str, tokens: int, seconds: float, agree: str) -> str:
@@ -91,6 +120,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the transformers side")
     parser.add_argument("--vllm-cpu-bind", default="0",
                         help="CPU: cores of vLLM's threads (VLLM_CPU_OMP_THREADS_BIND; '0': one, as --threads 1)")
+    parser.add_argument("--block-sizes", type=int, nargs="+", default=None,
+                        help="compare vLLM KV-cache block sizes on count-mode drafting only (no transformers side)")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     missing = vllm_unavailable(device=args.device)
@@ -100,6 +131,11 @@ def main() -> None:
     loaded = load_model("smollm2", device=args.device)
     tokenizer = loaded.tokenizer
     lines = ["| task | backend | tokens | wall s | tokens/s | agreement |", "|---|---|---|---|---|---|"]
+    if args.block_sizes:
+        lines += compare_block_sizes(loaded, get_benchmark("humaneval").load(args.eval), args)
+        print(f"\nSmolLM2-135M fp32, {args.max_new_tokens} new tokens, vLLM's engine start excluded\n")
+        print("\n".join(lines))
+        return
 
     requests = [json.loads(line)["problem"] for line in MAGICODER.open()][: args.distill]
     with tempfile.TemporaryDirectory() as work:

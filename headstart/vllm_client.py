@@ -33,6 +33,10 @@ GIB = 1024**3
 # vLLM's own default share of a GPU: a sized share never exceeds it, so a run on an empty GPU
 # starts as it did with vLLM's default.
 VLLM_DEFAULT_UTILIZATION = 0.9
+# The smallest block vLLM's CPU attention takes. The prompts of S_1..S_n share their beginnings, and the
+# prefix cache shares whole blocks: at vLLM's CPU default (128) 32% of a HumanEval drafting batch's prompt
+# tokens are cacheable, at 32 72%; drafting takes 22% less time, the drafts the same (docs/vllm.md).
+CPU_BLOCK_SIZE = 32
 GPUMemory = dict[int, tuple[int, int]]  # GPU index in this process -> (free, total) bytes, torch.cuda.mem_get_info
 
 
@@ -234,6 +238,9 @@ def engine_args(model: VLLMModel, settings: VLLMSettings, dtype: str, needed_mod
     eager = settings.enforce_eager if settings.enforce_eager is not None else gpu_memory is None
     if eager:
         llm["enforce_eager"] = True
+    block_size = settings.block_size or (CPU_BLOCK_SIZE if gpu_memory is None else None)
+    if block_size:
+        llm["block_size"] = block_size
     if gpu_memory is None and settings.tensor_parallel_size == 1:
         # On the CPU the model runs in the engine core's process ("uni"), and the engine core in
         # the worker's (VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLMEngines' CPU environment): one vLLM

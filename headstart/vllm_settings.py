@@ -57,6 +57,12 @@ class VLLMSettings:
         metadata={"help": "Run the model without compiling it; null: eager on CPU (compiling takes minutes there), vLLM's "
                           "default (compiled, CUDA graphs) on GPU."},
     )
+    block_size: int | None = field(
+        default=None,
+        metadata={"help": "KV cache block in tokens, the unit vLLM's prefix cache shares; null: 32 on CPU (the smallest its "
+                          "attention takes; vLLM's CPU default, 128, shares little of the prefixes S_1..S_n of a request), "
+                          "vLLM's default on GPU."},
+    )
     seed: int = field(default=0, metadata={"help": "vLLM's seed (decoding is greedy; it only fixes vLLM's own initialisation)."})
 
     def __post_init__(self) -> None:

@@ -18,7 +18,7 @@ from eval.extract import extract_code
 from eval.reporting.metrics import summarize
 from eval.results_dir import result_settings, saved_config
 from eval.runner import run_evaluation
-from headstart.config import RecipeError, load_config
+from headstart.config import RecipeError, config_to_dict, dump_config, load_config
 from headstart.files import read_jsonl
 from headstart.paths import RECIPES_DIR
 
@@ -207,6 +207,16 @@ def test_every_eval_recipe_validates():
         assert isinstance(load_config(EvalConfig, [f"recipe={path}"]), EvalConfig)
     with pytest.raises(RecipeError, match="unknown recipe"):
         load_config(EvalConfig, ["recipe=no_such_recipe"])
+
+
+def test_the_config_a_run_writes_reruns_it_as_a_recipe(tmp_path):
+    # docs/results.md reruns a study side by recipe=<its results dir>/config.yaml, one key changed.
+    written = EvalConfig(benchmark="mbpp", data_path="data/mbpp/mbpp.jsonl", limit=None, timed_every=20,
+                         backend="vllm", fast_batch_size=256, system_prompt="incomplete",
+                         decode=DecodeSpec(acceptance="greedy", max_new_tokens=128), output_dir=str(tmp_path / "run"))
+    dump_config(written, tmp_path / "config.yaml")
+    rerun = load_config(EvalConfig, [f"recipe={tmp_path / 'config.yaml'}", "timed_every=50"])
+    assert config_to_dict(rerun) == config_to_dict(written) | {"timed_every": 50}
 
 
 def record(base_forwards, residual, draft, accepted, drafting, base_s=1.0, res_s=1.0, base_answer="x", score=1.0):

@@ -26,6 +26,9 @@ from in_process import run_here
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_OR_HOURS = "needs a GPU, a gated hub model or hours; its recipe and settings are parsed here"
+STUDY_SIDE = ("reruns a side of the adaptation study from the config.yaml it wrote (in its output_dir, after nine "
+              "hours of study); a written config.yaml as a recipe: tests/test_eval_runner.py::"
+              "test_the_config_a_run_writes_reruns_it_as_a_recipe")
 
 
 @dataclass(frozen=True)
@@ -179,8 +182,14 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "benchmarks=[humaneval,mbpp] data_paths='{mbpp: data/mbpp/mbpp.jsonl}' limit=40": Checked(),
     "python -m eval.before_after recipe=before_after_smollm2 adapted=outputs/train/smollm2_prefix/adapter "
     "more_adapted='{distill: outputs/train/smollm2_distill/adapter}'": Checked(),
+    "python -m eval.before_after recipe=before_after_smollm2 limit=null timed_every=50 backend=vllm fast_batch_size=256":
+        Checked("tests/test_count_mode.py::test_counted_records_equal_the_step_by_step_engines"),
     "python -m eval.before_after recipe=before_after_smollm2 limit=null timed_every=20 backend=vllm fast_batch_size=256":
         Checked("tests/test_count_mode.py::test_counted_records_equal_the_step_by_step_engines"),
+    "python -m eval recipe=<study output_dir>/report/before/humaneval/config.yaml timed_every=50 "
+    "output_dir=/tmp/side50/humaneval": Allowed(STUDY_SIDE),
+    "python -m eval recipe=<study output_dir>/report/before/mbpp/config.yaml timed_every=50 "
+    "output_dir=/tmp/side50/mbpp": Allowed(STUDY_SIDE),
     "python benchmarks/study_adaptation.py recipe=study_smollm2": Checked(),
     # Iterated self-distillation (docs/training.md)
     "python -m data_builders recipe=smollm2_code_self model=outputs/study/smollm2/train/sft/adapter "

@@ -21,6 +21,7 @@ from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
 from eval.evaluator import StreamingEvaluator
 from headstart.vllm_client import (
+    CPU_BLOCK_SIZE,
     GIB,
     VLLMModel,
     VLLMSettings,
@@ -63,6 +64,9 @@ def test_the_engine_starts_with_the_share_of_its_fullest_gpu(tiny_qwen3_dir):
     # The model in the engine's process on the CPU (one vLLM import, not three); vLLM's own executor on GPUs.
     assert cpu["distributed_executor_backend"] == "uni"
     assert "distributed_executor_backend" not in one and "distributed_executor_backend" not in two
+    # Small blocks on the CPU, where vLLM's default (128) leaves most of the prefixes' shared prompt uncached.
+    assert cpu["block_size"] == CPU_BLOCK_SIZE and "block_size" not in one
+    assert engine_args(model, VLLMSettings(block_size=64), "bfloat16", 512, {0: (117 * GIB, H200)})["block_size"] == 64
 
 
 def test_a_set_share_is_kept_and_refused_above_what_is_free(tiny_qwen3_dir):
