@@ -71,18 +71,33 @@ def drafting(loaded, backend: str, acceptance: str, requests, args, counted: boo
         fast_batch_size=args.vllm_batch if backend == "vllm" else args.hf_eval_batch), requests, untimed)
     started = time.perf_counter()
     try:
-        draftings = []
+        draftings, sent = [], []
         for group in evaluator.request_groups(requests) if counted else [requests]:
             prompts = [evaluator.prompts(request) for request in group]
             draftings += evaluator.drafts(prompts, [counted] * len(prompts))
+            sent += prompts
     finally:
         evaluator.close()
     end = time.perf_counter()
-    return {"seconds": end - start, "start_seconds": started - start, "draftings": draftings}
+    return {"seconds": end - start, "start_seconds": started - start, "draftings": draftings, "prompts": sent}
 
 
 def vllm_settings(args) -> VLLMSettings:
     return VLLMSettings(cpu_threads_bind=args.vllm_cpu_bind)
+
+
+def cacheable_share(prompts: list[list[int]], block_size: int) -> float:
+    """Share of the prompt tokens vLLM's prefix cache can serve when the prompts arrive in this
+    order: each prompt's leading whole blocks already seen in an earlier prompt (the last token
+    is always computed, so a block holding it is never served)."""
+    seen: set[tuple[int, ...]] = set()
+    served = 0
+    for prompt in prompts:
+        blocks = [tuple(prompt[: (i + 1) * block_size]) for i in range((len(prompt) - 1) // block_size)]
+        hits = next((i for i, block in enumerate(blocks) if block not in seen), len(blocks))
+        served += hits * block_size
+        seen.update(blocks)
+    return served / sum(map(len, prompts))
 
 
 def compare_block_sizes(loaded, requests, args) -> list[str]:
@@ -91,6 +106,7 @@ def compare_block_sizes(loaded, requests, args) -> list[str]:
                            settings=dataclasses.replace(vllm_settings(args), block_size=size))
             for size in args.block_sizes}
     first = runs[args.block_sizes[0]]["draftings"]
+    prompts = [p for prompts_of in runs[args.block_sizes[0]]["prompts"] for p in prompts_of]
     lines = []
     for size, run in runs.items():
         answers = [[*d.drafts, d.answer] for d in run["draftings"]]
@@ -98,7 +114,8 @@ def compare_block_sizes(loaded, requests, args) -> list[str]:
         tokens = sum(map(len, (a for request in answers for a in request)))
         seconds = run["seconds"] - run["start_seconds"]
         lines.append(row(f"count-mode drafting, {len(requests)} HumanEval, block_size {size}", "vllm", tokens, seconds,
-                         f"{same}/{sum(map(len, answers))} drafts as block_size {args.block_sizes[0]}"))
+                         f"{same}/{sum(map(len, answers))} drafts as block_size {args.block_sizes[0]}; "
+                         f"{cacheable_share(prompts, size):.0%} of {sum(map(len, prompts))} prompt tokens cacheable"))
     return lines
 
 

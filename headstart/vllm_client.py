@@ -33,9 +33,9 @@ GIB = 1024**3
 # vLLM's own default share of a GPU: a sized share never exceeds it, so a run on an empty GPU
 # starts as it did with vLLM's default.
 VLLM_DEFAULT_UTILIZATION = 0.9
-# The smallest block vLLM's CPU attention takes. The prompts of S_1..S_n share their beginnings, and the
-# prefix cache shares whole blocks: at vLLM's CPU default (128) 32% of a HumanEval drafting batch's prompt
-# tokens are cacheable, at 32 72%; drafting takes 22% less time, the drafts the same (docs/vllm.md).
+# The smallest block vLLM's CPU attention takes. The prompts of S_1..S_n share their beginnings and the
+# prefix cache serves whole blocks: at vLLM's CPU default (128) it serves far less of them, and count-mode
+# drafting ran 1.2-1.4x slower, the drafts the same (docs/vllm.md).
 CPU_BLOCK_SIZE = 32
 GPUMemory = dict[int, tuple[int, int]]  # GPU index in this process -> (free, total) bytes, torch.cuda.mem_get_info
 
