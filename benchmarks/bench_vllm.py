@@ -79,6 +79,7 @@ def drafting(loaded, backend: str, acceptance: str, requests, args, counted: boo
     finally:
         evaluator.close()
     end = time.perf_counter()
+    # "prompts": each request's S_1..S_n, in the order its group was sent (counted: every one was sent).
     return {"seconds": end - start, "start_seconds": started - start, "draftings": draftings, "prompts": sent}
 
 
@@ -105,16 +106,17 @@ def compare_block_sizes(loaded, requests, args) -> list[str]:
     runs = {size: drafting(loaded, "vllm", "greedy", requests, args, counted=True,
                            settings=dataclasses.replace(vllm_settings(args), block_size=size))
             for size in args.block_sizes}
-    first = runs[args.block_sizes[0]]["draftings"]
-    prompts = [p for prompts_of in runs[args.block_sizes[0]]["prompts"] for p in prompts_of]
+    first = args.block_sizes[0]
+    prompts = [p for prompts_of in runs[first]["prompts"] for p in prompts_of]  # the same for every size
+    # Every greedy answer decoded, D_1..D_n of each request in order, flat.
+    answers = {size: [a for d in run["draftings"] for a in (*d.drafts, d.answer)] for size, run in runs.items()}
     lines = []
     for size, run in runs.items():
-        answers = [[*d.drafts, d.answer] for d in run["draftings"]]
-        same = sum(a == b for mine, theirs in zip(answers, ([*d.drafts, d.answer] for d in first)) for a, b in zip(mine, theirs))
-        tokens = sum(map(len, (a for request in answers for a in request)))
+        same = sum(a == b for a, b in zip(answers[size], answers[first]))
         seconds = run["seconds"] - run["start_seconds"]
-        lines.append(row(f"count-mode drafting, {len(requests)} HumanEval, block_size {size}", "vllm", tokens, seconds,
-                         f"{same}/{sum(map(len, answers))} drafts as block_size {args.block_sizes[0]}; "
+        lines.append(row(f"count-mode drafting, {len(requests)} HumanEval, block_size {size}", "vllm",
+                         sum(map(len, answers[size])), seconds,
+                         f"{same}/{len(answers[size])} drafts as block_size {first}; "
                          f"{cacheable_share(prompts, size):.0%} of {sum(map(len, prompts))} prompt tokens cacheable"))
     return lines
 
