@@ -1,7 +1,9 @@
 """Models with sliding-window layers (Gemma-3) stream past their window, and the engines'
 answers stay the model's: a tiny random Gemma-3 with a 16-token window, prompts of about
 40 tokens and answers of 24, against a naive decoder that re-feeds the whole sequence
-every step with no cache (the model's own sliding-window mask, nothing reused).
+every step with no cache (the model's own sliding-window mask, nothing reused). Both classes
+a Gemma-3 loads as: Gemma3ForCausalLM (the 270M, the 1B) and Gemma3ForConditionalGeneration
+(gemma-3-12b-it), whose config keeps the window and the layer types in `text_config` only.
 
 transformers' sliding cache layers drop states older than the window, so the engines'
 crop back to the accepted prefix used to raise once the window was full."""
@@ -11,7 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 from test_ar_engine import naive_greedy
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+from transformers import (
+    Gemma3Config,
+    Gemma3ForCausalLM,
+    Gemma3ForConditionalGeneration,
+    Gemma3TextConfig,
+    PreTrainedModel,
+    SiglipVisionConfig,
+)
 
 from eval.engines.ar import AREngine
 from eval.engines.base import new_cache
@@ -25,9 +34,11 @@ LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full
 REQUEST = "Write a function that sums a list. Answer the request. Explain the result in one sentence. Be brief."
 
 
-def tiny_gemma3(tokenizer, attn_implementation: str, sliding_window: int = WINDOW) -> Gemma3ForCausalLM:
-    """A seeded random 4-layer Gemma-3, sliding and full layers alternating."""
-    config = Gemma3TextConfig(
+def tiny_gemma3(tokenizer, attn_implementation: str, sliding_window: int = WINDOW,
+                multimodal: bool = False) -> PreTrainedModel:
+    """A seeded random 4-layer Gemma-3, sliding and full layers alternating; `multimodal`: the same
+    decoder inside a Gemma3ForConditionalGeneration with a one-layer vision tower."""
+    text = Gemma3TextConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=len(LAYER_TYPES),
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=sliding_window,
         layer_types=LAYER_TYPES, max_position_embeddings=512, tie_word_embeddings=False,
@@ -35,15 +46,33 @@ def tiny_gemma3(tokenizer, attn_implementation: str, sliding_window: int = WINDO
         attn_implementation=attn_implementation,
     )
     torch.manual_seed(0)
-    model = Gemma3ForCausalLM(config).eval()
+    model = Gemma3ForCausalLM(text).eval()
+    if multimodal:
+        vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                    image_size=28, patch_size=14)
+        # The image tokens are ids the prompts never hold (the tokenizer's last three).
+        config = Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                              boi_token_index=len(tokenizer) - 3, eoi_token_index=len(tokenizer) - 2,
+                              image_token_index=len(tokenizer) - 1, tie_word_embeddings=False,
+                              attn_implementation=attn_implementation)
+        causal, model = model, Gemma3ForConditionalGeneration(config).eval()
+        # The causal model's decoder: the same answers, so the same partial drafts are exercised.
+        model.model.language_model.load_state_dict(causal.model.state_dict())
+        model.lm_head.load_state_dict(causal.lm_head.state_dict())
+        assert getattr(model.config, "layer_types", None) is None  # as gemma-3-12b-it: the window is text_config's
     with torch.no_grad():
         model.lm_head.weight.mul_(40.0)  # as tests/conftest.py: greedy depends visibly on the prompt
     return model
 
 
-@pytest.fixture(scope="module", params=["eager", "sdpa"])
-def gemma3(request, tiny_tokenizer) -> Gemma3ForCausalLM:
-    return tiny_gemma3(tiny_tokenizer, request.param)
+MODELS = {"eager": ("eager", False), "sdpa": ("sdpa", False), "multimodal-sdpa": ("sdpa", True),
+          "multimodal-eager": ("eager", True)}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def gemma3(request, tiny_tokenizer) -> PreTrainedModel:
+    attn_implementation, multimodal = MODELS[request.param]
+    return tiny_gemma3(tiny_tokenizer, attn_implementation, multimodal=multimodal)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +98,8 @@ def test_the_window_decides_the_answers(gemma3, tiny_tokenizer, prompts):
     """The same weights with a window wider than the sequence answer otherwise: the
     naive reference below really depends on the sliding-window mask."""
     eos = {tiny_tokenizer.eos_token_id}
-    unwindowed = tiny_gemma3(tiny_tokenizer, gemma3.config._attn_implementation, sliding_window=512)
+    multimodal = isinstance(gemma3, Gemma3ForConditionalGeneration)
+    unwindowed = tiny_gemma3(tiny_tokenizer, gemma3.config._attn_implementation, sliding_window=512, multimodal=multimodal)
     unwindowed.load_state_dict(gemma3.state_dict())
     assert naive_greedy(gemma3, prompts[-1], eos, MAX_NEW_TOKENS) != naive_greedy(unwindowed, prompts[-1], eos, MAX_NEW_TOKENS)
 

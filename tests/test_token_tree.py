@@ -11,10 +11,10 @@ import torch
 from test_suffix_index import EOS
 from transformers import LlamaConfig
 
-from eval.engines.ar import tree_attention_mask, tree_masks
 from eval.engines.lookup import LongestMatchProposer, LookupPolicy, regeneration_widths
 from eval.engines.token_tree import ROOT, TokenTree, TreeProposer, tree_matched
 from eval.engines.tokens import common_prefix_length
+from eval.engines.tree_mask import tree_attention_mask, tree_masks
 
 
 def contexts_and_continuations(sources: list[list[int]], answer: list[int], min_context: int, length: int):
@@ -142,6 +142,35 @@ def test_the_mask_lets_a_node_see_the_cache_the_root_and_its_ancestors_only():
     windowed = tree_attention_mask(tree, tree.depths(), past=2, dtype=torch.float32, window=2)[0, 0] == 0
     assert windowed[2].tolist() == [False, False, False, True, True, False]
     assert windowed[0].tolist() == [False, True, True, False, False, False]
+
+
+def mask_by_definition(tree: TokenTree, past: int, window: int | None) -> torch.Tensor:
+    """The allowed pairs, node by node from the definition: a row sees the cache and the root,
+    and a node its ancestors and itself; with a window, keys fewer than `window` positions behind."""
+    depths = tree.depths()
+    size = 1 + len(tree.tokens)
+    positions = [*range(past + 1), *(past + depth for depth in depths)]
+    allowed = torch.zeros(size, past + size, dtype=torch.bool)
+    for row in range(size):
+        seen = set(range(past + 1))
+        node = row - 1
+        while node >= 0:
+            seen.add(past + 1 + node)
+            node = tree.parents[node]
+        for key in seen:
+            allowed[row, key] = window is None or positions[past + row] - positions[key] < window
+    return allowed
+
+
+@pytest.mark.parametrize("window", [None, 3, 6])
+def test_the_mask_built_from_the_parents_vector_is_the_definitions(window):
+    """Random tries (lookup-like: branches sharing prefixes) of up to 9 levels, after 5 cached tokens."""
+    rng = random.Random(window or 0)
+    for _ in range(20):
+        tree = TokenTree.from_branches([[rng.randrange(3) for _ in range(rng.randrange(1, 10))]
+                                        for _ in range(rng.randrange(1, 7))])
+        built = tree_attention_mask(tree, tree.depths(), past=5, dtype=torch.float32, window=window)[0, 0] == 0
+        assert torch.equal(built, mask_by_definition(tree, 5, window))
 
 
 def test_a_tree_refuses_attention_that_ignores_its_mask():

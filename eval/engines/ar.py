@@ -18,13 +18,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
-from eval.engines.base import StreamingEngine, UpdateResult, crop_cache, keep_cache_positions, new_cache
+from eval.engines.base import StreamingEngine, UpdateResult, crop_cache, decoder_config, keep_cache_positions, new_cache
 from eval.engines.decode import DecodeSpec
 from eval.engines.lookup import AnyProposer, LookupPolicy, update_proposer
 from eval.engines.token_tree import TokenTree
 from eval.engines.tokens import common_prefix_length, reused_prefix, through_first_eos
+from eval.engines.tree_mask import tree_masks
 
 
 @dataclass
@@ -52,6 +53,7 @@ class AREngine(StreamingEngine):
         super().__init__(model, eos_token_ids, decode)
         self.proposals: Counter[str] = Counter()  # regeneration forwards by proposal_outcome
         self.tree_widths: Counter[int] = Counter()  # token-tree forwards by number of nodes
+        self.decoder_config = decoder_config(model)  # the layer types and window a tree's masks follow
 
     def new_state(self, lookup: bool = True) -> DecodeState:
         """A fresh request; `lookup=False` regenerates plainly whatever the decode settings say."""
@@ -141,7 +143,7 @@ class AREngine(StreamingEngine):
         with and the token after it; the cache keeps that path's KV only."""
         past, device, depths = len(state.cached_ids), self.model.device, tree.depths()
         positions = torch.tensor([[past, *(past + depth for depth in depths)]], device=device)
-        masks = tree_masks(self.model.config, tree, depths, past, self.model.dtype, device)
+        masks = tree_masks(self.decoder_config, tree, depths, past, self.model.dtype, device)
         logits = self.forward(state, answer[-1:] + tree.tokens, phase, logits_to_keep=len(tree.tokens) + 1,
                               position_ids=positions, attention_mask=masks)
         self.tree_widths[len(tree.tokens)] += 1
@@ -156,44 +158,3 @@ class AREngine(StreamingEngine):
     @staticmethod
     def crop(state: DecodeState, length: int) -> None:
         crop_cache(state.cache, state.cached_ids, length)
-
-
-TREE_ATTENTION = ("sdpa", "eager", None)  # None: transformers' default (sdpa where it can)
-
-
-def tree_masks(config: PretrainedConfig, tree: TokenTree, depths: list[int], past: int, dtype: torch.dtype,
-               device: torch.device) -> torch.Tensor | dict[str, torch.Tensor]:
-    """The tree forward's attention masks: one per layer type where the model has several
-    (a sliding layer sees only its window), else one."""
-    if config._attn_implementation not in TREE_ATTENTION:  # flash kernels take no custom mask: every node would see all
-        raise ValueError(f"decode.lookup_tree > 1 needs attention that takes a mask (sdpa or eager), "
-                         f"not {config._attn_implementation}; use decode.lookup_tree=1")
-    if not getattr(config, "layer_types", None):
-        return tree_attention_mask(tree, depths, past, dtype).to(device)
-    masks = {}
-    for layer_type in set(config.layer_types):
-        if layer_type not in ("full_attention", "sliding_attention"):
-            raise ValueError(f"decode.lookup_tree > 1 cannot mask {layer_type} layers; use decode.lookup_tree=1")
-        window = config.sliding_window if layer_type == "sliding_attention" else None
-        masks[layer_type] = tree_attention_mask(tree, depths, past, dtype, window).to(device)
-    return masks
-
-
-def tree_attention_mask(tree: TokenTree, depths: list[int], past: int, dtype: torch.dtype,
-                        window: int | None = None) -> torch.Tensor:
-    """Additive mask (1, 1, 1 + nodes, past + 1 + nodes) of the forward over the root and the
-    nodes (at `depths`) after `past` cached tokens: each row sees everything cached, the root,
-    its node's ancestors and itself; with `window`, only keys fewer than `window` positions behind."""
-    size = 1 + len(tree.tokens)
-    allowed = torch.zeros(size, past + size, dtype=torch.bool)
-    allowed[0, : past + 1] = True
-    for node, parent in enumerate(tree.parents):  # a parent's row comes first: it sees the node's ancestors
-        allowed[node + 1] = allowed[parent + 1]
-        allowed[node + 1, past + 1 + node] = True
-    if window is not None:
-        query_positions = past + torch.tensor([0, *depths])
-        key_positions = torch.cat([torch.arange(past + 1), query_positions[1:]])
-        allowed &= query_positions[:, None] - key_positions[None, :] < window
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PretrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from eval.engines.clock import Stopwatch
@@ -46,6 +46,13 @@ class StreamResult:
         return sum(step.forwards for step in self.steps[:-1])
 
 
+def decoder_config(model: PreTrainedModel) -> PretrainedConfig:
+    """The config of `model`'s text decoder, the one home of every mask and cache decision: a
+    multimodal model (Gemma3ForConditionalGeneration, as gemma-3-12b-it loads) keeps
+    `layer_types` and `sliding_window` in its `text_config` only, a causal LM at its top."""
+    return model.config.get_text_config(decoder=True)
+
+
 def new_cache(model: PreTrainedModel) -> DynamicCache:
     """The KV cache of every engine: the layers `model`'s config asks for, except that a
     sliding-window (or chunked) layer keeps every past state, so `crop_cache` can cut it
@@ -53,7 +60,7 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
     and cannot be cropped once it is full (Gemma-3). The model's attention mask still
     limits a sliding layer to its window: sized against a full-length layer, it is the
     mask of a forward with no cache (tests/test_sliding_window.py checks it)."""
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache(config=decoder_config(model))
     cache.layers = [
         DynamicLayer() if isinstance(layer, DynamicLayer) and getattr(layer, "is_sliding", False) else layer
         for layer in cache.layers

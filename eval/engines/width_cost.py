@@ -123,11 +123,11 @@ def measure(model: PreTrainedModel, name: str, widths: tuple[int, ...] = WIDTHS,
     warm-up); the tokens are fixed ids, since the cost does not depend on which tokens they are."""
     import torch
 
-    from eval.engines.base import crop_cache, new_cache
+    from eval.engines.base import crop_cache, decoder_config, new_cache
     from eval.engines.clock import Stopwatch
 
     device = model.device
-    vocabulary = model.config.get_text_config().vocab_size
+    vocabulary = decoder_config(model).vocab_size
     ids = [(7 + 13 * i) % vocabulary for i in range(context + max(widths))]
     cache, cached = new_cache(model), []
     seconds = []
