@@ -74,11 +74,14 @@ def main() -> None:
     print("|---|---|---|---|")
     for branches, length in SHAPES:
         tree = random_tree(branches, length)
-        depths = tree.depths()
-        cells = [f"{median_seconds(lambda c=config: tree_masks(c, tree, depths, args.past, torch.float32, device), args.repeats, device) * 1e3:.3f}"
+        cells = [f"{mask_seconds(tree_masks, config, tree, args.past, device, args.repeats) * 1e3:.3f}"
                  for config in configs().values()]
         print(f"| {branches} x {length} | {len(tree.tokens)} | {' | '.join(cells)} |")
 
+
+def mask_seconds(tree_masks, config, tree: TokenTree, past: int, device: torch.device, repeats: int) -> float:
+    depths = tree.depths()
+    return median_seconds(lambda: tree_masks(config, tree, depths, past, torch.float32, device), repeats, device)
 
 if __name__ == "__main__":
     main()
