@@ -61,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     config = saved_config(args.results_dir)
-    differing = [r for r in read_jsonl(args.results_dir / "results.jsonl") if not r["identical"]]
+    differing = [r for r in read_jsonl(args.results_dir / "results.jsonl") if r["identical"] is False]  # None: not compared
     print(f"{len(differing)} record(s) whose streamed answer differs from the baseline")
     if not differing:
         return

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
+
+from tqdm import tqdm
 
 from eval.benchmarks import Request
 from eval.config import EvalConfig
@@ -21,8 +24,9 @@ from eval.engines.fast_path import (
     round_drafts,
 )
 from eval.engines.refusion import RefusionEngine
+from eval.engines.tokens import common_prefix_length
 from eval.engines.width_cost import use_auto_table
-from headstart.models import LoadedModel
+from headstart.models import LoadedModel, dtype_name
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 from headstart.refusion import mask_token_id
 from headstart.segment import prefixes
@@ -71,9 +75,11 @@ class StreamingEvaluator:
         return needed_model_len(longest, self.decode.max_new_tokens)
 
     def warm_up(self, request: Request) -> None:
-        """One untimed decode so that wall clock is measured on a warm model."""
+        """An untimed prefill and one-token step, so that wall clock is measured on a warm model
+        (a step's kernels, not only a prefill's, have run before the first timed baseline)."""
         state = self.engine.new_state()
-        self.engine.forward(state, self.prompts(request)[-1], phase=None)
+        logits = self.engine.forward(state, self.prompts(request)[-1], phase=None)
+        self.engine.forward(state, [int(logits[-1].argmax())], phase=None)
 
     def evaluate(self, request: Request) -> dict[str, Any]:
         """Stream one request and decode its baseline; the record of both."""
@@ -87,28 +93,28 @@ class StreamingEvaluator:
         counted = [request.request_id in self.untimed for request in requests]
         records = []
         for request, request_prompts, drafting in zip(requests, prompts, self.drafts(prompts, counted)):
-            if drafting.answer is not None:
+            if drafting.counted:
                 baseline, lookup, final = counted_results(request_prompts, drafting, self.decode, self.engine.eos_token_ids)
             else:
                 final = final_update(self.engine, request_prompts, drafting)
                 baseline, lookup = self._baselines(request_prompts[-1])
+                warn_on_disagreement(request, drafting, baseline)
             records.append(self._record(request, baseline, lookup, final, drafting))
         return records
 
     def drafts(self, prompts: list[list[list[int]]], counted: list[bool]) -> list[Drafting]:
-        """Each request's drafts D_1..D_{n-1} and their forwards, batched across requests; a
-        request counted, not timed, also gets D_n = greedy(S_n) in the same batch."""
+        """Each request's drafts D_1..D_{n-1} and their forwards, batched across requests; under
+        greedy, every request also gets D_n = greedy(S_n) in the same batch: a request counted,
+        not timed, is counted from it, a timed one measures the drafter's agreement with it."""
         decode, eos = self.decode, self.engine.eos_token_ids
         if not decode.rule.lossless:
             return round_drafts(self.drafter, [p[:-1] for p in prompts], decode, eos)
-        decoded = [request if whole else request[:-1] for request, whole in zip(prompts, counted)]
-        answers = self.drafter.greedy([p for request in decoded for p in request], decode.max_new_tokens)
+        answers = self.drafter.greedy([p for request in prompts for p in request], decode.max_new_tokens)
         results = []
         for request_prompts, whole in zip(prompts, counted):
-            taken = len(request_prompts) - (not whole)
-            request_answers, answers = answers[:taken], answers[taken:]
-            final = request_answers.pop() if whole else None
-            results.append(greedy_drafting(request_answers, request_prompts, decode, eos, final))
+            request_answers, answers = answers[: len(request_prompts)], answers[len(request_prompts) :]
+            final = request_answers.pop()
+            results.append(greedy_drafting(request_answers, request_prompts, decode, eos, final, counted=whole))
         return results
 
     def _evaluate_stepwise(self, request: Request) -> dict[str, Any]:
@@ -121,11 +127,9 @@ class StreamingEvaluator:
         """Consecutive requests whose drafts fit one fast-path batch (one each when stepwise)."""
         if not self.fast:
             return [[request] for request in requests]
-        # Greedy decodes every prefix of a group in one batch (S_n too when counted); other rules one per request per round.
+        # Greedy decodes every prefix of a group in one batch, S_n included; other rules one per request per round.
         def width(request: Request) -> int:
-            if not self.decode.rule.lossless:
-                return 1
-            return len(request.segments) - (request.request_id not in self.untimed)
+            return len(request.segments) if self.decode.rule.lossless else 1
 
         groups: list[list[Request]] = [[]]
         for request in requests:
@@ -136,7 +140,7 @@ class StreamingEvaluator:
 
     def _engine_label(self, drafting: Drafting) -> str:
         """What computed the record: 'counted' (from batched greedy drafts, untimed), 'fast', 'stepwise' or a diffusion engine."""
-        if drafting.answer is not None:
+        if drafting.counted:
             return "counted"
         return "fast" if self.fast else ("stepwise" if self.decode.engine in AR_ENGINES else self.decode.engine)
 
@@ -161,7 +165,7 @@ class StreamingEvaluator:
             "stream_tokens": len(final.answer),
             "draft_tokens": final.draft_length,
             "accepted_tokens": final.accepted,
-            "identical": baseline.answer == final.answer,
+            **identity_fields(baseline, final, drafting),
             "baseline_forwards": baseline.forwards,
             "residual_forwards": final.forwards,
             "drafting_forwards": drafting.forwards,
@@ -170,6 +174,7 @@ class StreamingEvaluator:
             "min_residual_forwards": self.engine.min_residual_forwards,
             "engine": self._engine_label(drafting),
             "drafting_backend": self.config.backend if self.fast else "transformers",
+            "dtype": dtype_name(self.loaded.model.dtype),  # what every number was computed in (a resume must match)
         }
         if self.config.typing:  # what eval.typing_sim re-derives drafts and costs from
             record |= {"prompt_token_ids": self.prompts(request), "eos_token_ids": sorted(self.engine.eos_token_ids)}
@@ -180,9 +185,35 @@ class StreamingEvaluator:
             record |= {
                 "lookup_baseline_forwards": lookup.forwards,
                 "lookup_baseline_seconds": lookup.seconds,
-                "lookup_baseline_identical": lookup.answer == baseline.answer,
+                "lookup_baseline_identical": None if drafting.counted else lookup.answer == baseline.answer,
             }
         return record
+
+
+def identity_fields(baseline: UpdateResult, final: UpdateResult, drafting: Drafting) -> dict[str, Any]:
+    """What a record says of identity: whether its answers were compared token for token (a counted
+    request's are both the drafter's D_n: not compared, None), where a compared streamed answer departs
+    from the baseline (a near-tie flipped in bf16), and, for a timed request on the greedy fast path,
+    whether the drafter's batched D_n is the batch-1 baseline."""
+    if drafting.counted:
+        return {"identical": None, "identical_measured": False, "first_difference": None, "drafter_identical": None}
+    identical = baseline.answer == final.answer
+    return {
+        "identical": identical,
+        "identical_measured": True,
+        "first_difference": None if identical else common_prefix_length(baseline.answer, final.answer),
+        "drafter_identical": None if drafting.answer is None else drafting.answer == baseline.answer,
+    }
+
+
+def warn_on_disagreement(request: Request, drafting: Drafting, baseline: UpdateResult) -> None:
+    """Say so, naming the request, when the drafter's D_n (batched greedy) is not the batch-1 baseline:
+    a count-mode run's counted requests assume they agree."""
+    if drafting.answer is not None and drafting.answer != baseline.answer:
+        departs = common_prefix_length(drafting.answer, baseline.answer)
+        tqdm.write(f"warning: request {request.request_id}: the drafter's answer to S_n differs from the batch-1 greedy "
+                   f"baseline from token {departs} on ({len(drafting.answer)} vs {len(baseline.answer)} tokens); counted "
+                   "requests assume they agree", file=sys.stderr)
 
 
 def build_drafter(loaded: LoadedModel, config: EvalConfig, eos: set[int], needed_len: int | None = None) -> Drafter:

@@ -29,6 +29,9 @@ from headstart.run_dir import check_output_dir
 # `data_paths`, `acceptances`, `report_only` are the suite's (each run gets its own benchmark,
 # data_path and acceptance); `device` is not a key: a merge or report job runs where no model
 # loads (a CPU node for a GPU run's shards), and counts do not depend on it.
+# `dtype` is recorded as asked (null: the device's default); the dtype the numbers were computed in is
+# each record's own "dtype", which a resume (eval.runner.check_computed_dtype) and a merge of shards
+# (eval.shards.merged_records) must match: a CPU fp32 run never resumes on a GPU in bf16.
 RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "system_prompt", "dtype", "sandbox_cpu_seconds",
                "backend", "timed_every")
 # And what they were computed from, by content: the weights loaded (model and adapter,

@@ -4,11 +4,13 @@ a rerun resumes where the last one stopped, then the summary and its table."""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from eval.benchmarks import Benchmark, Request, get_benchmark
@@ -25,7 +27,7 @@ from eval.shards import Shard, merge_into, merged_records, parse_shard, shard_di
 from headstart.config import dump_config
 from headstart.devices import resolve_device
 from headstart.files import append_jsonl, read_jsonl
-from headstart.models import LoadedModel, load_model
+from headstart.models import LoadedModel, default_dtype, dtype_name, load_model
 from headstart.paths import outputs_dir, safe_name
 from headstart.prompts import resolve_system_message
 from headstart.run_dir import check_output_dir, check_writable, write_mark
@@ -123,9 +125,17 @@ def run_evaluation(
     done = {r["request_id"] for r in records}
     todo = [r for r in requests if r.request_id not in done]
     if todo:
+        if not loaded:  # refused before minutes of loading: the dtype this run will load in
+            check_computed_dtype(records, config.dtype or dtype_name(default_dtype(resolve_device(config.device))),
+                                 results_path)
         if callable(loaded):
             loaded = loaded()
         loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
+        check_computed_dtype(records, dtype_name(loaded.model.dtype), results_path)
+        if config.decode.rule.lossless and loaded.model.dtype != torch.float32:
+            print(f"note: greedy decoding in {dtype_name(loaded.model.dtype)} is not batch-invariant: a streamed answer may "
+                  "depart from its baseline (summary.json's identical_to_baseline measures it); dtype=float32 for exact "
+                  "identity (docs/evaluation.md#identity)", file=sys.stderr)
         evaluator = StreamingEvaluator(loaded, config, todo, prepared.untimed)
         try:
             timed = [r for r in todo if r.request_id not in prepared.untimed]
@@ -158,6 +168,15 @@ def run_evaluation(
                                           f"{timing_note(config)}\n\n{table}\n{typing}")
     print(f"\n{table}\n\nresults: {results_path}")
     return summary
+
+
+def check_computed_dtype(records: list[dict[str, Any]], dtype: str, results_path: Path) -> None:
+    """Refuse to add results computed in `dtype` to records computed in another (a CPU fp32 run
+    resumed on a GPU in bf16 would mix two models' numbers). Records from before the field: unknown, accepted."""
+    recorded = sorted({r["dtype"] for r in records if r.get("dtype")} - {dtype})
+    if recorded:
+        raise ValueError(f"{results_path} holds results computed in {', '.join(recorded)}; this run computes in {dtype}: "
+                         f"set dtype={recorded[0]} to resume them, or choose another output_dir")
 
 
 def summary_labels(config: EvalConfig) -> dict[str, Any]:

@@ -85,9 +85,14 @@ def merged_records(output_dir: Path, settings: dict[str, Any], request_ids: list
     if missing:
         raise ValueError(f"{root}: shard {', '.join(missing)} missing (of {count}): run it (shard=INDEX/{count}, "
                          "same settings) before merging")
-    by_id: dict[str, dict[str, Any]] = {}
-    for shard in sorted(shards):
-        by_id |= _finished_records(root / shard.name, shard, settings, shard.select(request_ids))
+    by_shard = {shard: _finished_records(root / shard.name, shard, settings, shard.select(request_ids))
+                for shard in sorted(shards)}
+    dtypes = {record["dtype"]: shard for shard, records in by_shard.items() for record in records.values()
+              if record.get("dtype")}
+    if len(dtypes) > 1:  # settings that leave dtype unset resolve it per device: a GPU shard in bf16, a CPU one in fp32
+        found = ", ".join(f"{dtype} (shard {shard})" for dtype, shard in dtypes.items())
+        raise ValueError(f"{root}: the shards computed in different dtypes ({found}); rerun them with one dtype=...")
+    by_id = {request_id: record for records in by_shard.values() for request_id, record in records.items()}
     return [by_id[request_id] for request_id in request_ids]
 
 

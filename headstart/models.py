@@ -136,6 +136,11 @@ def default_dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A torch dtype as configs spell it ("bfloat16")."""
+    return str(dtype).removeprefix("torch.")
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """The tokenizer of a model source, with a pad token set (EOS when it has none)."""
     base = adapter_base(name_or_path)

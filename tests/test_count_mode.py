@@ -1,26 +1,31 @@
 """Count mode (`timed_every` > 1): requests counted from batched greedy drafts of S_1..S_n,
 without the batch-1 baselines and final update, get the records the step-by-step engine
-executes, wall clock aside."""
+executes, wall clock aside; identity is claimed only of what was compared (the timed
+requests), and the drafter's agreement with the batch-1 baseline is measured on them."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
 from eval.benchmarks import get_benchmark
 from eval.config import EvalConfig
+from eval.engines.base import UpdateResult
 from eval.engines.decode import DecodeSpec
-from eval.evaluator import StreamingEvaluator
+from eval.engines.fast_path import Drafting, TransformersDrafter
+from eval.evaluator import StreamingEvaluator, identity_fields
+from eval.reporting.metrics import identity, identity_phrase
 from eval.reporting.tables import markdown_table
 from eval.runner import run_evaluation
 from headstart.files import read_jsonl
 from headstart.models import load_model
 
 # Every count a record carries, and what the answers and the drafts were.
-COUNTED = ("base_answer", "stream_answer", "base_tokens", "stream_tokens", "draft_tokens", "accepted_tokens", "identical",
+COUNTED = ("base_answer", "stream_answer", "base_tokens", "stream_tokens", "draft_tokens", "accepted_tokens",
            "baseline_forwards", "residual_forwards", "drafting_forwards", "min_residual_forwards")
-LOOKUP_COUNTED = ("lookup_baseline_forwards", "lookup_baseline_identical")
+LOOKUP_COUNTED = ("lookup_baseline_forwards",)
 
 
 def evaluator(loaded, decode: DecodeSpec, counted_ids=frozenset(), **config) -> StreamingEvaluator:
@@ -43,9 +48,14 @@ def compare_with_stepwise(loaded, requests, regenerate: str, max_new_tokens: int
         executed = stepwise.evaluate(request)
         assert {k: record[k] for k in keys} == {k: executed[k] for k in keys}, request.request_id
         assert record["engine"] == "counted" and record["baseline_seconds"] is record["residual_seconds"] is None
+        # Both of a counted record's answers are the drafter's D_n: nothing was compared, and it says so.
+        assert record["identical"] is record["drafter_identical"] is None and record["identical_measured"] is False
+        assert record.get("lookup_baseline_identical") is None
+        assert executed["identical"] is True and executed["identical_measured"] is True
         assert record.get("lookup_baseline_seconds") is None
         if timed_record is not None:
             assert timed_record["engine"] == "fast" and timed_record["residual_seconds"] is not None
+            assert timed_record["identical"] is timed_record["drafter_identical"] is True
             assert {k: timed_record[k] for k in keys} == {k: executed[k] for k in keys}, request.request_id
     return counted
 
@@ -79,6 +89,11 @@ def test_a_count_mode_run_times_every_nth_request_and_reports_wall_clock_over_th
     assert timed == [True, False, True, False, True]  # positions 0, 2, 4 of the selection
     assert [r["engine"] for r in records] == ["fast", "counted", "fast", "counted", "fast"]
     assert summary["timed"] == 3 and summary["evaluated"] == 5 and summary["speedup_wall_median"] > 0
+    # Identity: claimed of the 3 timed requests, compared token for token; the drafter measured on them.
+    assert [r["identical_measured"] for r in records] == timed
+    assert (summary["identical_measured"], summary["counted"], summary["drafter_compared"]) == (3, 2, 3)
+    assert summary["identical_to_baseline"] == summary["drafter_agreement"] == 1.0
+    assert "100% of 3 compared; 2 counted, drafter agrees 100% of 3" in (tmp_path / "report.md").read_text()
     assert json.loads((tmp_path / "config.json").read_text())["timed_every"] == 2
     assert "Count mode: every 2th request timed" in (tmp_path / "report.md").read_text()
     # Another sample in the same directory would mix two: refused.
@@ -104,3 +119,52 @@ def test_count_mode_needs_greedy_on_the_fast_path(settings):
         EvalConfig(timed_every=4, decode=DecodeSpec(**settings))
     with pytest.raises(ValueError, match="timed_every must be >= 1"):
         EvalConfig(timed_every=0)
+
+
+def test_a_drafter_that_disagrees_with_the_baseline_is_measured_and_named(tiny_qwen3_dir, tiny_llama_dir, capsys):
+    """Drafts decoded by another model (a drafter whose D_n is not the batch-1 baseline, as bf16 or
+    vLLM batches can be): the streamed answer stays the baseline's (lossless), the timed requests
+    record the disagreement, the summary's agreement falls, and each one is named in a warning."""
+    loaded, other = load_model(str(tiny_qwen3_dir), device="cpu"), load_model(str(tiny_llama_dir), device="cpu")
+    requests = get_benchmark("humaneval").load(limit=3)
+    timed = evaluator(loaded, DecodeSpec(max_new_tokens=12))
+    timed.drafter = TransformersDrafter(other.model, other.tokenizer.pad_token_id, timed.engine.eos_token_ids, 16)
+    records = timed.evaluate_many(requests)
+    assert all(r["identical"] is True and r["identical_measured"] for r in records)
+    disagreeing = [r["request_id"] for r in records if r["drafter_identical"] is False]
+    assert disagreeing, "the other model's answers equal this one's: the case is not exercised"
+    warnings = capsys.readouterr().err
+    assert all(f"request {request_id}: the drafter's answer to S_n differs" in warnings for request_id in disagreeing)
+    summary = identity(records)
+    assert summary["drafter_compared"] == 3 and summary["drafter_agreement"] == 1 - len(disagreeing) / 3
+
+
+def test_results_computed_in_one_dtype_are_not_resumed_in_another(tiny_qwen3_dir, tmp_path):
+    """dtype=null is the device's default: fp32 on this CPU, bf16 on a GPU (here: a model loaded in
+    bf16 and handed over, as the device check does). The records say which; a resume must match."""
+    config = EvalConfig(model=str(tiny_qwen3_dir), limit=1, decode=DecodeSpec(max_new_tokens=4), output_dir=str(tmp_path))
+    run_evaluation(config)
+    assert read_jsonl(tmp_path / "results.jsonl")[0]["dtype"] == "float32"
+    config.limit = 2
+    in_bf16 = load_model(str(tiny_qwen3_dir), device="cpu", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="holds results computed in float32; this run computes in bfloat16"):
+        run_evaluation(config, loaded=in_bf16)
+    assert len(read_jsonl(tmp_path / "results.jsonl")) == 1
+
+
+def test_identity_fields_say_what_was_compared_and_where_answers_part():
+    timed = Drafting([[1]], 1, answer=[1, 2, 3])
+    assert identity_fields(UpdateResult([1, 2, 3], 0, 0, 3, 0.1), UpdateResult([1, 2, 4], 1, 1, 2, 0.1), timed) == {
+        "identical": False, "identical_measured": True, "first_difference": 2, "drafter_identical": True}
+    counted = Drafting([[1]], 1, answer=[1, 2, 3], counted=True)
+    assert identity_fields(UpdateResult([1, 2, 3], 0, 0, 3, None), UpdateResult([1, 2, 3], 1, 1, 2, None), counted) == {
+        "identical": None, "identical_measured": False, "first_difference": None, "drafter_identical": None}
+    records = [{"identical": False, "identical_measured": True, "first_difference": 2, "drafter_identical": True},
+               {"identical": True, "identical_measured": True, "first_difference": None, "drafter_identical": False},
+               {"identical": None, "identical_measured": False, "first_difference": None, "drafter_identical": None}]
+    summary = identity(records)
+    assert summary == {"identical_measured": 2, "counted": 1, "drafter_compared": 2, "identical_to_baseline": 0.5,
+                       "first_difference_median": 2, "drafter_agreement": 0.5}
+    assert identity_phrase(summary) == "50% of 2 compared; 1 counted, drafter agrees 50% of 2"
+    # Records written before the fields existed: count mode's counted ones were never compared.
+    assert identity([{"identical": True, "engine": "counted"}, {"identical": True, "engine": "fast"}])["identical_measured"] == 1

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from test_before_after import make_adapter
 
 from eval import runner, suite
@@ -22,6 +23,7 @@ from eval.runner import run_evaluation
 from eval.suite import run_suite
 from headstart.config import load_config
 from headstart.files import read_jsonl
+from headstart.models import load_model
 
 TIMING = re.compile(r"_seconds$|wall")
 
@@ -179,3 +181,13 @@ def test_more_shards_than_requests_leave_empty_shards_that_merge(tmp_path, tiny_
         run_evaluation(replace(config, shard=f"{index}/3"))
     assert read_jsonl(tmp_path / "shards" / "2-of-3" / "results.jsonl") == []
     assert run_evaluation(config)["requests"] == 2
+
+
+def test_the_merge_refuses_shards_computed_in_different_dtypes(tmp_path, tiny_qwen3_dir):
+    """dtype=null resolves per device: a shard on a GPU (bf16; here a model loaded in bf16 and handed
+    over) and one on a CPU (fp32) hold other numbers; the merge names both."""
+    config = EvalConfig(model=str(tiny_qwen3_dir), limit=2, decode=DecodeSpec(max_new_tokens=4), output_dir=str(tmp_path))
+    run_evaluation(replace(config, shard="0/2"))
+    run_evaluation(replace(config, shard="1/2"), loaded=load_model(str(tiny_qwen3_dir), device="cpu", dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"different dtypes \(float32 \(shard 0/2\), bfloat16 \(shard 1/2\)\)"):
+        run_evaluation(config)

@@ -12,12 +12,15 @@ Regeneration is greedy under every rule, so the drafts do not depend on the
 regeneration mode; with `lookup` an update's forwards are computed from the
 tokens by `eval.engines.lookup.update_cost`, the rule the engine executes.
 
-Count mode (`timed_every` > 1, greedy only): a request that is not timed gets
-D_n = greedy(S_n) decoded in the same batch as its drafts, and every count of its
-record follows from D_1..D_n: the residual update is the one from D_{n-1} to D_n,
-the plain baseline costs len(D_n) forwards (PROTOCOL.md: 1 prefill, L-1 steps),
-the lookup baseline the lookup decoder's forwards over D_n with the request as
-its only source. Nothing of it is timed: its seconds are None.
+Under `greedy` every request also gets D_n = greedy(S_n) decoded in the same batch as
+its drafts. A timed request compares it with its batch-1 baseline: the drafter's agreement,
+what count mode rests on (batched, padded decoding need not give batch 1's tokens in bf16
+or on vLLM). Count mode (`timed_every` > 1): for a request that is not timed every count of
+its record follows from D_1..D_n: the residual update is the one from D_{n-1} to D_n, the
+plain baseline costs len(D_n) forwards (PROTOCOL.md: 1 prefill, L-1 steps), the lookup
+baseline the lookup decoder's forwards over D_n with the request as its only source.
+Nothing of it is timed (its seconds are None), and its answers are not compared: the
+streamed answer and the baseline are both D_n.
 """
 
 from __future__ import annotations
@@ -130,12 +133,14 @@ class TransformersDrafter:
 
 @dataclass
 class Drafting:
-    """What drafting left for the final update: D_1..D_{n-1}, and its forwards; for a
-    request counted, not timed, also D_n (`answer`, decoded in the drafts' batch)."""
+    """What drafting left for the final update: D_1..D_{n-1}, and its forwards; under greedy
+    acceptance also the drafter's own D_n = greedy(S_n) (`answer`, decoded in the drafts' batch):
+    a counted request's every count follows from it, a timed one compares it with the batch-1 baseline."""
 
     drafts: list[list[int]]
     forwards: int
     answer: list[int] | None = None
+    counted: bool = False  # counted from the drafts, not timed: its baseline is `answer`, never decoded apart
 
 
 def greedy_update(answers: list[list[int]], prompts: list[list[int]], index: int, decode: DecodeSpec,
@@ -153,11 +158,12 @@ def greedy_update(answers: list[list[int]], prompts: list[list[int]], index: int
 
 def greedy_drafting(
     drafts: list[list[int]], prompts: list[list[int]], decode: DecodeSpec, eos_token_ids: set[int],
-    answer: list[int] | None = None,
+    answer: list[int] | None = None, counted: bool = False,
 ) -> Drafting:
-    """Drafting of one request under `greedy` (D_1..D_{n-1}); `answer`: D_n, for a request counted, not timed."""
+    """Drafting of one request under `greedy` (D_1..D_{n-1}); `answer`: the drafter's D_n (`counted`:
+    the request is counted from it, not timed)."""
     forwards = sum(greedy_update(drafts, prompts, index, decode, eos_token_ids).forwards for index in range(len(drafts)))
-    return Drafting(drafts, forwards, answer)
+    return Drafting(drafts, forwards, answer, counted)
 
 
 def counted_results(prompts: list[list[int]], drafting: Drafting, decode: DecodeSpec,

@@ -48,8 +48,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         # AR and ReFusion engines: the verification pass of a fully accepted draft).
         minimum_cost_share=_mean(r["residual_forwards"] <= r.get("min_residual_forwards", 1) for r in valid),
         total_cost_mean=_mean((r["drafting_forwards"] + r["residual_forwards"]) / r["baseline_forwards"] for r in valid),
-        identical_to_baseline=_mean(r["identical"] for r in valid),
     )
+    summary |= identity(valid)
     if speedup_wall:
         summary.update(speedup_wall_mean=_mean(speedup_wall), speedup_wall_median=statistics.median(speedup_wall))
     if all("lookup_baseline_forwards" in r for r in valid):
@@ -61,6 +61,46 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     return summary
 
 
+def identity(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What was compared token for token, and how much of it agreed: `identical_measured` requests
+    whose streamed answer was compared with a baseline decoded apart (`identical_to_baseline`: the
+    share of them that are identical), `counted` requests whose answers both are the drafter's D_n
+    (count mode: exact if the drafter agrees), and `drafter_compared` timed requests whose drafter's
+    D_n was compared with the batch-1 baseline (`drafter_agreement`: the share that agree)."""
+    measured = [r for r in records if identity_measured(r)]
+    drafter = [r["drafter_identical"] for r in records if r.get("drafter_identical") is not None]
+    summary: dict[str, Any] = {"identical_measured": len(measured), "counted": len(records) - len(measured),
+                               "drafter_compared": len(drafter)}
+    if measured:
+        summary["identical_to_baseline"] = _mean(r["identical"] for r in measured)
+    departures = [r["first_difference"] for r in measured if r.get("first_difference") is not None]
+    if departures:  # how far into the answer a differing one still agreed (tokens)
+        summary["first_difference_median"] = statistics.median(departures)
+    if drafter:
+        summary["drafter_agreement"] = _mean(drafter)
+    return summary
+
+
+def identity_measured(record: dict[str, Any]) -> bool:
+    """Whether the record's answers were compared token for token (records written before the
+    field existed: all but count mode's counted ones, whose `identical` was true by construction)."""
+    return record.get("identical_measured", record.get("engine") != "counted")
+
+
+def identity_phrase(summary: dict[str, Any]) -> str:
+    """The identity claim a summary supports, as reports say it, e.g. "100% of 14 compared; 650
+    counted, drafter agrees 100% of 14": the counted requests are exact if the drafter agrees."""
+    parts = []
+    if summary.get("identical_measured"):
+        parts.append(f"{summary['identical_to_baseline']:.0%} of {summary['identical_measured']:g} compared")
+    if summary.get("counted"):
+        parts.append(f"{summary['counted']:g} counted")
+    phrase = "; ".join(parts) or "none compared"
+    if summary.get("drafter_compared"):
+        phrase += f", drafter agrees {summary['drafter_agreement']:.0%} of {summary['drafter_compared']:g}"
+    return phrase
+
+
 def _against_lookup_baseline(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Speedups against the lookup decoder with the request as its only source
     (`regenerate=lookup`): what streaming adds beyond lookup decoding."""
@@ -70,7 +110,9 @@ def _against_lookup_baseline(records: list[dict[str, Any]]) -> dict[str, Any]:
         "forwards_lookup_base_median": statistics.median(r["lookup_baseline_forwards"] for r in records),
         "speedup_lookup_forwards_mean": _mean(forwards),
         "speedup_lookup_forwards_median": statistics.median(forwards),
-        "lookup_baseline_identical": _mean(r["lookup_baseline_identical"] for r in records),
+        # Compared where both were decoded (count mode's counted records hold D_n for both: None).
+        "lookup_baseline_identical": _mean(r["lookup_baseline_identical"] for r in records
+                                           if r["lookup_baseline_identical"] is not None),
     }
     if wall:
         summary.update(speedup_lookup_wall_mean=_mean(wall), speedup_lookup_wall_median=statistics.median(wall))

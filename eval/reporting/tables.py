@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from eval.reporting.metrics import identity_phrase
+
+# A column whose cell is a phrase built from several keys, not one formatted value.
+PHRASES = {"identity": identity_phrase}
 # (header, summary key, format); pass rates and shares are percentages.
 COLUMNS = [
     ("n", "evaluated", "{:g}"),
     ("timed", "timed", "{:g}"),  # requests with wall clock (all but in count mode, EvalConfig.timed_every)
     ("quality base", "quality_base", "{:.1%}"),
     ("quality stream", "quality_stream", "{:.1%}"),
+    # Compared token for token with a baseline decoded apart; count mode's counted requests are not.
+    ("identical", "identity", ""),
     ("fwd base (med)", "forwards_base_median", "{:g}"),
     ("fwd stream (med)", "forwards_stream_median", "{:g}"),
     ("speedup fwd mean", "speedup_forwards_mean", "{:.2f}x"),
@@ -45,6 +51,8 @@ def markdown_table(summaries: dict[str, dict[str, Any]]) -> str:
 def _cell(summary: dict[str, Any], key, fmt: str) -> str:
     """One cell; a cell of several values ("a/b") shows "-" for each one the summary lacks
     (wall clock, when no request of a count-mode run was timed)."""
+    if key in PHRASES:
+        return PHRASES[key](summary)
     keys = key if isinstance(key, tuple) else (key,)
     if all(k not in summary for k in keys):
         return "-"
@@ -59,11 +67,12 @@ QUALITY_COLUMNS = [
     ("quality base", "quality_base", "{:.1%}"),
     ("quality stream", "quality_stream", "{:.1%}"),
     ("delta", "quality_delta", "{:+.1%}"),
-    ("identical answers", "identical_to_baseline", "{:.1%}"),
+    ("identical answers", "identity", ""),
     ("agreement F1", "agreement_f1", "{:.1%}"),
 ]
 # Summary keys that are counts: the macro row sums them instead of averaging.
-COUNT_KEYS = ("requests", "excluded_empty", "evaluated", "skipped", "quality_evaluated")
+COUNT_KEYS = ("requests", "excluded_empty", "evaluated", "skipped", "quality_evaluated", "timed", "identical_measured",
+              "counted", "drafter_compared")
 
 
 def macro_average(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
