@@ -1,5 +1,6 @@
 """The device check: what only a GPU can show, in one short run on one CUDA GPU, and its CPU
-twin (`--cpu`: the same stages in fp32 on CPU), which CI runs so the check cannot rot.
+twin (`--cpu`: the same stages in fp32 on CPU, except identity, which stays in bf16: how bf16
+rounds on CPU is a measurement too), which CI runs so the check cannot rot.
 
     bash scripts/device_check.sh [--wheels .whl] [--cpu] [--stage NAME]... [OUTPUT_DIR]
 
@@ -15,6 +16,10 @@ built from the vendored MBPP), and each stage prints figures to compare:
   timing      the evaluator's residual wall clock, CUDA synchronisation vs CUDA events (same requests)
   stream      a streaming evaluation (chat on MT-Bench, token F1: no sandbox) on cuda and on cpu,
               fp32 without TF32: the forward counts must be equal
+  identity    the same evaluation in bf16 on the fast path, regeneration plain, lookup and token
+              tree (lookup_tree=8: sdpa with a 4D mask): the streamed answer and the drafter's
+              batched D_n against the batch-1 baseline, measured (bf16 may break batch
+              invariance; fp32 is lossless); the tree policy must run tree forwards
   widths      a forward's cost by the tokens it feeds (1 to 257 after 256 cached) on a random
               Qwen3-8B in bf16: the width-cost table decode.width_cost reads
 `--stage NAME` (repeatable) reruns stages alone; what they share (tiny model, tokenizer, data)
@@ -34,7 +39,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from device_check_base import DEFAULT_OUTPUT, Check, CheckError, Figure, StageResult, claim_output_dir
-from device_check_eval import stage_stream, stage_timing
+from device_check_eval import stage_identity, stage_stream, stage_timing
 from device_check_memory import stage_memory
 from device_check_setup import preflight, prepare_assets
 from device_check_train import stage_objectives, stage_train, stage_zero3
@@ -42,7 +47,7 @@ from device_check_widths import stage_widths
 
 STAGES: dict[str, Callable[[Check], list[Figure]]] = {
     "train": stage_train, "zero3": stage_zero3, "objectives": stage_objectives, "memory": stage_memory,
-    "timing": stage_timing, "stream": stage_stream, "widths": stage_widths,
+    "timing": stage_timing, "stream": stage_stream, "identity": stage_identity, "widths": stage_widths,
 }
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The device check (scripts/device_check.py): what only a GPU can show, in one short offline run on
-# one CUDA GPU (about 4 minutes on an H200), or its CPU twin with --cpu (fp32; what CI runs).
+# one CUDA GPU (sized for one 10-minute command; never yet run on one), or its CPU twin with --cpu
+# (fp32, the identity stage in bf16; what CI runs).
 #   bash scripts/device_check.sh [OUTPUT_DIR]                    # default /tmp/headstart-device-check
 #   bash scripts/device_check.sh --cpu [OUTPUT_DIR]              # the same stages on CPU
 #   bash scripts/device_check.sh --stage zero3 [OUTPUT_DIR]      # one stage again (repeatable)

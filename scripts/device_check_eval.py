@@ -1,8 +1,13 @@
 """The device check's evaluation stages: the streaming evaluator in this process (residual
-wall clock with CUDA synchronisation vs events; cuda vs cpu forward counts in fp32)."""
+wall clock with CUDA synchronisation vs events; cuda vs cpu forward counts in fp32; identity to
+the batch-1 baseline measured in bf16 under plain, lookup and token-tree regeneration)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from device_check_base import Check, Figure, float32_matmuls
@@ -94,3 +99,109 @@ def equal_counts(first: list[dict], second: list[dict]) -> int:
     """Requests (matched by id) whose forward and token counts are the same in both runs."""
     by_id = {r["request_id"]: tuple(r[k] for k in COUNTS) for r in second}
     return sum(by_id.get(r["request_id"]) == tuple(r[k] for k in COUNTS) for r in first)
+
+
+# The regeneration policies the identity stage runs, each on the fast path (drafts in padded batches).
+IDENTITY_POLICIES: dict[str, tuple[str, ...]] = {
+    "plain": ("decode.regenerate=plain",),
+    "lookup": ("decode.regenerate=lookup",),
+    "tree": ("decode.regenerate=lookup", "decode.lookup_match=longest", "decode.lookup_tree=8"),
+}
+# Greedy streaming is lossless in exact arithmetic; in bf16 a batched or wider forward may round a near-tie
+# the other way, so the share is what bf16 gives here, not an expectation.
+MEASURED_IN_BF16 = "fp32 is lossless; bf16 measured"
+
+
+@dataclass
+class PolicyRun:
+    """One policy's evaluation: its records, its summary.json, and the widths (nodes) of its token-tree forwards."""
+
+    records: list[dict]
+    summary: dict
+    tree_widths: list[int]
+
+
+def stage_identity(check: Check) -> list[Figure]:
+    """The streamed answer and the drafter's D_n against the batch-1 baseline, in bf16 (on --cpu too: how
+    bf16 rounds on a CPU is a measurement too), for plain, lookup and token-tree regeneration on one loaded model."""
+    import torch
+
+    from headstart.models import load_model
+
+    directory = check.stage_dir("identity")
+    loaded = load_model(str(check.model_dir), device=check.device, dtype=torch.bfloat16)
+    runs = {}
+    for policy, settings in IDENTITY_POLICIES.items():
+        with counting_tree_forwards(loaded.model) as widths:
+            # timed_every=1: every request timed, so every one is compared with its batch-1 baseline
+            records = evaluate(check, loaded, directory / policy, check.device, "dtype=bfloat16", "timed_every=1", *settings)
+        summary = json.loads((directory / policy / "summary.json").read_text())
+        runs[policy] = PolicyRun(records, summary, widths)
+    attention = loaded.model.config._attn_implementation
+    figures = [figure for policy, run in runs.items() for figure in identity_figures(policy, run)]
+    return figures + [compared_figure(runs), fast_path_figure(runs), tree_figure(runs, attention),
+                      Figure("residual forwards, median: " + " / ".join(runs),
+                             " / ".join(f"{median([r['residual_forwards'] for r in run.records]):g}" for run in runs.values()))]
+
+
+@contextmanager
+def counting_tree_forwards(model) -> Iterator[list[int]]:
+    """The widths (tree nodes) of `model`'s forwards that carry a 4D attention mask (one tensor, or one per
+    layer type): only a token-tree step passes one; batched drafting passes 2D padding masks, a chain none."""
+    widths: list[int] = []
+
+    def note(_module, _args, kwargs) -> None:
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, dict) or getattr(mask, "ndim", 0) == 4:
+            widths.append(kwargs["input_ids"].shape[1] - 1)  # the root (the answer's last token) is no node
+
+    handle = model.register_forward_pre_hook(note, with_kwargs=True)
+    try:
+        yield widths
+    finally:
+        handle.remove()
+
+
+def identity_figures(policy: str, run: PolicyRun) -> list[Figure]:
+    return [
+        Figure(f"{policy}: streamed answer identical to batch-1 baseline",
+               measured_share(run.summary, "identical_measured", "identical_to_baseline"), MEASURED_IN_BF16),
+        Figure(f"{policy}: drafter D_n (batched) agrees with batch-1 baseline",
+               measured_share(run.summary, "drafter_compared", "drafter_agreement"), MEASURED_IN_BF16),
+    ]
+
+
+def measured_share(summary: dict, count_key: str, share_key: str) -> str:
+    """"k/n compared" from a summary's count and share; says so when the evaluator did not report them."""
+    count = summary.get(count_key)
+    if count is None:
+        return f"not reported (summary.json has no {count_key}: an evaluator before issue 47)"
+    if count == 0:
+        return "0 compared"
+    return f"{round(summary[share_key] * count)}/{count} compared"
+
+
+def compared_figure(runs: dict[str, PolicyRun]) -> Figure:
+    """Every request is timed here (timed_every=1), so each must have been compared token for token."""
+    counts = [run.summary.get("identical_measured") for run in runs.values()]
+    records = [len(run.records) for run in runs.values()]
+    value = " / ".join("not reported" if count is None else f"{count} of {total}" for count, total in zip(counts, records))
+    return Figure("requests compared token for token: " + " / ".join(runs), value, "every record (all timed)",
+                  counts == records)
+
+
+def fast_path_figure(runs: dict[str, PolicyRun]) -> Figure:
+    """The drafter agreement means batched drafting only if the fast path computed the records."""
+    fast = [sum(r["engine"] == "fast" for r in run.records) for run in runs.values()]
+    total = sum(len(run.records) for run in runs.values())
+    return Figure("records from the fast path (drafts in padded batches)", f"{sum(fast)}/{total}", "all",
+                  sum(fast) == total)
+
+
+def tree_figure(runs: dict[str, PolicyRun], attention: str | None) -> Figure:
+    """decode.lookup_tree=8 may propose single chains only; the tree policy is checked only if tree forwards ran."""
+    counts = " / ".join(str(len(run.tree_widths)) for run in runs.values())
+    widest = max(runs["tree"].tree_widths, default=0)
+    ran = bool(runs["tree"].tree_widths) and not any(run.tree_widths for name, run in runs.items() if name != "tree")
+    return Figure("token-tree forwards (4D mask): " + " / ".join(runs),
+                  f"{counts} (widest {widest} nodes; attention {attention})", "above 0 on tree only", ran)

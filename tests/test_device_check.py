@@ -6,12 +6,14 @@ embedded model under the name of its converted directory (the old gpu_check.sh t
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 from datasets import Dataset
 from device_check import STAGES, CheckError, claim_output_dir  # scripts/ is on pytest's pythonpath
+from device_check_eval import EVAL_REQUESTS, IDENTITY_POLICIES, PolicyRun, compared_figure, measured_share, tree_figure
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "device_check.sh"
@@ -73,6 +75,26 @@ def test_only_a_marked_directory_is_emptied(tmp_path):
         claim_output_dir(tmp_path / "file", replace=True)
 
 
+def test_the_identity_stage_fails_without_tree_forwards_or_a_compared_request():
+    """What the CPU twin cannot provoke: a tree policy that ran only chains, a request not compared, an
+    evaluator that reports no comparison (before issue 47) all fail; a share is read as k/n."""
+    records = [{"residual_forwards": 3, "engine": "fast"}] * 2
+    measured = {"identical_measured": 2, "identical_to_baseline": 0.5, "drafter_compared": 0}
+    runs = {"lookup": PolicyRun(records, measured, []), "tree": PolicyRun(records, measured, [])}
+    assert tree_figure(runs, "sdpa").ok is False
+    runs["tree"] = PolicyRun(records, measured, [4, 9])
+    assert tree_figure(runs, "sdpa").ok and tree_figure(runs, "sdpa").value == "0 / 2 (widest 9 nodes; attention sdpa)"
+    assert tree_figure({**runs, "lookup": PolicyRun(records, measured, [3])}, "sdpa").ok is False  # a chain policy ran a tree
+    assert compared_figure(runs).ok
+    assert measured_share(measured, "identical_measured", "identical_to_baseline") == "1/2 compared"
+    assert measured_share(measured, "drafter_compared", "drafter_agreement") == "0 compared"
+    runs["lookup"] = PolicyRun(records, {"identical_measured": 1}, [])
+    assert compared_figure(runs).ok is False
+    runs["lookup"] = PolicyRun(records, {}, [])
+    assert compared_figure(runs).ok is False and "not reported" in compared_figure(runs).value
+    assert measured_share({}, "drafter_compared", "drafter_agreement").startswith("not reported")
+
+
 @pytest.mark.slow
 def test_the_cpu_twin_runs_every_stage_and_reruns_one_alone(tmp_path):
     out = tmp_path / "check"
@@ -89,7 +111,11 @@ def test_the_cpu_twin_runs_every_stage_and_reruns_one_alone(tmp_path):
             ("objectives", "refusion: loss per step"), ("memory", "checkpointing keeps fewer activations"),
             ("timing", "residual forwards equal in every run"),
             ("stream", "cpu: streamed answer identical to baseline"),
+            ("identity", "requests compared token for token: plain / lookup / tree"),
+            ("identity", "records from the fast path (drafts in padded batches)"),
+            ("identity", "token-tree forwards (4D mask): plain / lookup / tree"),
             ("widths", "table read back by decode.width_cost")} <= checked
+    assert_identity_measured(figures["identity"]["figures"])
     table = (out / "figures.md").read_text()
     assert table in result.stdout and "| zero3 | launch | processes: 1 (DEEPSPEED)" in table
 
@@ -102,3 +128,15 @@ def test_the_cpu_twin_runs_every_stage_and_reruns_one_alone(tmp_path):
     assert (out / "assets" / "tiny-qwen3" / "config.json").stat().st_mtime_ns == first
     assert list(json.loads((out / "figures.json").read_text())) == list(STAGES)
     assert (out / "train" / "run" / "adapter").is_dir()
+
+
+def assert_identity_measured(figures: list[dict]) -> None:
+    """The identity stage's bf16 shares are measurements (ok None), each over all 6 requests: every one was
+    compared with its batch-1 baseline, and the drafter's D_n with it too (every request is timed)."""
+    by_name = {f["name"]: f for f in figures}
+    for policy in IDENTITY_POLICIES:
+        for name in (f"{policy}: streamed answer identical to batch-1 baseline",
+                     f"{policy}: drafter D_n (batched) agrees with batch-1 baseline"):
+            figure = by_name[name]
+            assert re.fullmatch(rf"\d/{EVAL_REQUESTS} compared", figure["value"]), figure
+            assert figure["ok"] is None and figure["compare"] == "fp32 is lossless; bf16 measured", figure
