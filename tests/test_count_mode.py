@@ -168,3 +168,17 @@ def test_identity_fields_say_what_was_compared_and_where_answers_part():
     assert identity_phrase(summary) == "50% of 2 compared; 1 counted, drafter agrees 50% of 2"
     # Records written before the fields existed: count mode's counted ones were never compared.
     assert identity([{"identical": True, "engine": "counted"}, {"identical": True, "engine": "fast"}])["identical_measured"] == 1
+
+
+def test_a_count_mode_run_whose_drafter_disagrees_says_its_counts_are_not_exact(tiny_qwen3_dir, tiny_llama_dir, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """Drafts by another real model (as a bf16 or vLLM drafter can depart from batch-1 greedy): the counted
+    requests' counts rest on an agreement the timed ones measure, and the run ends saying so."""
+    other = load_model(str(tiny_llama_dir), device="cpu")
+    monkeypatch.setattr("eval.evaluator.build_drafter", lambda loaded, config, eos, needed_len=None: TransformersDrafter(
+        other.model, other.tokenizer.pad_token_id, eos, config.fast_batch_size))
+    config = EvalConfig(model=str(tiny_qwen3_dir), limit=4, timed_every=2, decode=DecodeSpec(max_new_tokens=8),
+                        output_dir=str(tmp_path))
+    summary = run_evaluation(config)
+    assert summary["counted"] == 2 and summary["drafter_compared"] == 2 and summary["drafter_agreement"] < 1
+    assert "the 2 counted requests rest on that agreement, so their counts are not exact" in capsys.readouterr().err
