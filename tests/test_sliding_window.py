@@ -22,10 +22,15 @@ from transformers import (
     SiglipVisionConfig,
 )
 
+from eval.config import EvalConfig
 from eval.engines.ar import AREngine
 from eval.engines.base import new_cache
 from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import TransformersDrafter, batched_greedy, final_update, greedy_drafting, round_drafts
+from eval.runner import run_evaluation
+from headstart.config import load_config
+from headstart.files import read_jsonl
+from headstart.models import load_model
 from headstart.segment import prefixes, segment_text
 
 WINDOW = 16
@@ -157,3 +162,23 @@ def test_fast_path_counts_equal_the_engines(gemma3, tiny_tokenizer, prompts, acc
     assert drafting.drafts == [step.answer for step in stream.steps[:-1]]
     assert drafting.forwards == stream.drafting_forwards
     assert (final.answer, final.accepted, final.forwards) == (stream.final.answer, stream.final.accepted, stream.final.forwards)
+
+
+@pytest.mark.parametrize("regenerate", REGENERATIONS)
+def test_the_evaluator_streams_a_saved_multimodal_gemma3_losslessly(tiny_tokenizer, tmp_path, regenerate):
+    """As a user runs it (`python -m eval model=<dir> benchmark=humaneval`): the directory loads as
+    Gemma3ForConditionalGeneration, prompts run past the window, and every streamed answer, on the fast
+    path and step by step, is the batch-1 baseline's (the tree with the text config's window: issue 47)."""
+    directory = tmp_path / "gemma3-multimodal"
+    tiny_gemma3(tiny_tokenizer, "sdpa", multimodal=True).save_pretrained(directory)
+    tiny_tokenizer.save_pretrained(directory)
+    decode = {f"decode.{key}={value}" for key, value in REGENERATIONS[regenerate].items()}
+    for engine in ("fast", "stepwise"):
+        config = load_config(EvalConfig, [f"model={directory}", "benchmark=humaneval", "limit=4", "decode.max_new_tokens=24",
+                                          f"decode.engine={engine}", f"output_dir={tmp_path / engine}", *decode])
+        loaded = load_model(str(directory), device="cpu")
+        assert isinstance(loaded.model, Gemma3ForConditionalGeneration)
+        summary = run_evaluation(config, loaded=loaded)
+        assert summary["identical_measured"] == 4 and summary["identical_to_baseline"] == 1.0, engine
+        records = read_jsonl(tmp_path / engine / "results.jsonl")
+        assert all(len(r["segments"]) > 1 for r in records)
