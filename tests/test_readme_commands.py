@@ -73,6 +73,14 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python benchmarks/bench_lookup_policy.py --limit 40 --threads 2 --drafts-from "
     "outputs/bench/faster_answers/humaneval/new_format-plain": HelpHas(),
     "python benchmarks/bench_streaming.py --limit 40 --compare 5 --max-new-tokens 128 --threads 1": HelpHas(),
+    # Identity in bf16 and fp32 (docs/evaluation.md#identity); token-tree masks' cost (docs/results.md)
+    "python -m eval recipe=humaneval_smollm2 dtype=bfloat16 limit=10 decode.max_new_tokens=64 decode.regenerate=plain":
+        RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 dtype=bfloat16 limit=10 decode.max_new_tokens=64": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 dtype=bfloat16 limit=10 decode.max_new_tokens=64 decode.lookup_match=longest "
+    "decode.lookup_tree=8": RunCheap(CHECK_ONLY),
+    "python benchmarks/bench_tree_mask.py --repeats 100": HelpHas(),
+    "python benchmarks/bench_tree_mask.py --repeats 100 --module eval.engines.ar": HelpHas(),
     # Width costs and the cost chooser (docs/evaluation.md)
     "python -m eval.width_cost model=smollm2":
         Elsewhere("tests/test_width_cost.py::test_the_command_writes_the_table_auto_reads"),
