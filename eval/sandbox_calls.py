@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.sandbox import ExecutionResult, SandboxLimits, SandboxUnavailable, _run
-from eval.sandbox_bootstrap import BOOTSTRAP_HEAD, BOOTSTRAP_RUN
+from eval.sandbox_bootstrap import BOOTSTRAP_HEAD, BOOTSTRAP_SERVE_RUN
 from eval.sandbox_process import LIBC, PR_SET_PDEATHSIG, close_all
 
 CODEC = (Path(__file__).with_name("sandbox_codec.py")).read_text()
@@ -57,7 +57,7 @@ for line in requests:
     while data:
         data = data[os.write(answers, data):]
 """
-SERVE_BOOTSTRAP = BOOTSTRAP_HEAD + BOOTSTRAP_RUN + SERVE
+SERVE_BOOTSTRAP = BOOTSTRAP_HEAD + BOOTSTRAP_SERVE_RUN + SERVE
 
 # The trusted side: `python -I -S -c CHECKER <request fd> <answer fd> <verdict fd>
 # <answer cap>`, the job (TrustedTests as JSON) on stdin.
