@@ -35,17 +35,43 @@ CODEC = (Path(__file__).with_name("sandbox_codec.py")).read_text()
 MAX_ANSWER_BYTES = 8 << 20  # one call's answer, as JSON
 VERDICT_BYTES = 4096
 
-# The program's side: after its code ran, answer each call on the request pipe.
+# The program's side: after its code ran, answer each call on the request pipe: a call of one
+# of its functions, or an operation on an object it returned (kept here, sent as a handle).
 SERVE = CODEC + """
 requests, answers = os.fdopen(extra[0], 'rb'), extra[1]
 namespace = main.__dict__
+_HANDLES = []
+
+class _Stranger:
+    pass
+
+def honest(target, operation, answer):
+    # An object that says it equals a stranger (an __eq__ that always says True) would pass any test.
+    try:
+        says = bool(target == _Stranger()) if operation == 'eq' else not bool(target != _Stranger())
+    except Exception:
+        says = False
+    if says:
+        raise NotPlainData(f'a {type(target).__qualname__[:100]} that equals anything')
+    return answer
+
+OPERATIONS = {'eq': lambda o, x: bool(o == x), 'ne': lambda o, x: bool(o != x), 'hash': hash, 'repr': repr, 'str': str,
+              'bool': bool, 'len': len, 'getattr': getattr, 'setattr': setattr, 'getitem': lambda o, k: o[k],
+              'list': list}
+
+def serve(call):
+    if 'op' in call:
+        target, operation = from_wire({'$': 'handle', 'v': [call['handle'], '']}), call['op']
+        answer = OPERATIONS[operation](target, *from_wire(call['args']))
+        return honest(target, operation, answer) if operation in ('eq', 'ne') else answer
+    name = call['call']
+    if name not in namespace:
+        raise NameError(f'name {name!r} is not defined')
+    return namespace[name](*from_wire(call['args']), **from_wire(call['kwargs']))
+
 for line in requests:
     try:
-        call = json.loads(line)
-        name = call['call']
-        if name not in namespace:
-            raise NameError(f'name {name!r} is not defined')
-        answer = {'return': to_wire(plain(namespace[name](*from_wire(call['args']), **from_wire(call['kwargs']))))}
+        answer = {'return': to_wire(plain(serve(json.loads(line))))}
     except NotPlainData as error:
         answer = {'unplain': str(error)}
     except BaseException as error:
@@ -69,36 +95,67 @@ requests, answers = os.fdopen(int(sys.argv[1]), 'wb', buffering=0), os.fdopen(in
 verdict_fd, limit = int(sys.argv[3]), int(sys.argv[4])
 
 def call(name, args, kwargs):
+    return ask({'call': name, 'args': to_wire(list(args)), 'kwargs': to_wire(dict(kwargs))}, name + '()')
+
+def ask(message, name):
     try:
-        requests.write(dumps({'call': name, 'args': to_wire(list(args)), 'kwargs': to_wire(dict(kwargs))}).encode())
+        requests.write(dumps(message).encode())
         line = answers.readline(limit + 1)
     except BrokenPipeError:
         line = b''
     if not line:
-        raise ProgramEnded(f'the program ended before {name}() returned')
+        raise ProgramEnded(f'the program ended before {name} returned')
     if len(line) > limit:
-        raise NotPlainData(f'the answer of {name}() is over {limit} bytes')
+        raise NotPlainData(f'the answer of {name} is over {limit} bytes')
     try:
         answer = json.loads(line)
     except ValueError as error:
-        raise NotPlainData(f'the answer of {name}() is not JSON: {error}') from None
+        raise NotPlainData(f'the answer of {name} is not JSON: {error}') from None
     if type(answer) is not dict or len(answer) != 1:
-        raise NotPlainData(f'the answer of {name}() is malformed')
+        raise NotPlainData(f'the answer of {name} is malformed')
     if 'return' in answer:
         return from_wire(answer['return'])
     if 'unplain' in answer:
-        raise NotPlainData(f'{name}() returned what is not plain data: {str(answer["unplain"])[:200]}')
+        raise NotPlainData(f'{name} returned what is not plain data: {str(answer["unplain"])[:200]}')
     kind, message = answer.get('raise', ('', ''))
     error = getattr(builtins, kind, None) if type(kind) is str else None
     if isinstance(error, type) and issubclass(error, Exception) and error.__module__ == 'builtins':
         raise error(str(message))
-    raise RuntimeError(f'{name}() raised {str(kind)[:100]}: {str(message)[:1000]}')
+    raise RuntimeError(f'{name} raised {str(kind)[:100]}: {str(message)[:1000]}')
 
 def proxy(name):
     def candidate(*args, **kwargs):
         return call(name, args, kwargs)
     candidate.__name__ = candidate.__qualname__ = name
     return candidate
+
+class Remote:
+    # An object of the program's, kept in its process: every operation is asked of the program.
+    __slots__ = ('_index', '_kind')
+
+    def __init__(self, index, kind):
+        object.__setattr__(self, '_index', index)
+        object.__setattr__(self, '_kind', kind)
+
+    def _ask(self, operation, *args, result=None):
+        answer = ask({'op': operation, 'handle': self._index, 'args': to_wire(list(args))}, f'{self._kind}.{operation}')
+        if result is not None and type(answer) is not result:
+            raise NotPlainData(f'{self._kind}.{operation} gave a {type(answer).__name__}, not a {result.__name__}')
+        return answer
+
+    __eq__ = lambda self, other: self._ask('eq', other, result=bool)
+    __ne__ = lambda self, other: self._ask('ne', other, result=bool)
+    __hash__ = lambda self: self._ask('hash', result=int)
+    __repr__ = lambda self: self._ask('repr', result=str)
+    __str__ = lambda self: self._ask('str', result=str)
+    __bool__ = lambda self: self._ask('bool', result=bool)
+    __len__ = lambda self: self._ask('len', result=int)
+    __getattr__ = lambda self, name: self._ask('getattr', name)
+    __setattr__ = lambda self, name, value: self._ask('setattr', name, value) and None
+    __getitem__ = lambda self, key: self._ask('getitem', key)
+    __iter__ = lambda self: iter(self._ask('list', result=list))
+
+_REMOTE = Remote
 
 job = json.load(sys.stdin)
 namespace = {'__name__': '__main__', '__builtins__': builtins}

@@ -17,9 +17,14 @@ that always says True) ever reaches the tests.
 The program's side first reduces an answer to those types (`plain`): a subclass of
 a builtin type (a namedtuple, an IntEnum or a str-based Enum member) becomes its base
 type by the base type's own conversion, never the subclass's override (a str Enum's
-`__str__` would change its text). Deliberate differences from the official harnesses:
-a namedtuple arrives as a tuple and an Enum member as its value (they compare equal to
-those officially too), and an object of the program's own class does not cross at all.
+`__str__` would change its text). Any other object (of the program's own class) stays in
+the program's process and crosses as a handle: the call server (eval/sandbox_calls.py) keeps
+it, the trusted side holds a stand-in that asks the program to compare it, read or set its
+attributes, and sends the handle back when the tests pass it on (`_HANDLES` on the program's
+side, `_REMOTE` the stand-in's class on the trusted side; neither set here: nothing but
+plain values crosses). Deliberate differences from the official harnesses: a namedtuple
+arrives as a tuple and an Enum member as its value (they compare equal to those officially
+too), and an object that says it equals anything (an `__eq__` that always says True) fails.
 
 This file is also executed as source text inside the sandbox (the program's side)
 and in the trusted checker: standard library only (numpy imported only when a numpy
@@ -46,6 +51,9 @@ _NUMPY_KINDS = frozenset("biufcUS")  # booleans, integers, floats, complex, text
 # A subclass of a builtin type becomes its base by the base type's own conversion.
 _BASE_CONVERSIONS = ((int, int.__index__), (float, float.__float__), (str, str.__str__), (bytes, bytes.__bytes__),
                      (complex, complex.__complex__))
+_HANDLES = None  # the program's side of a call server: the objects sent as handles, by index
+_HANDLE_INDEX = {}  # id of an object sent -> its index (the same object, the same handle)
+_REMOTE = None  # the trusted side of a call server: the class of a handle's stand-in
 
 
 class NotPlainData(TypeError):
@@ -103,7 +111,20 @@ def _container_to_wire(value, kind, depth):
         return _tagged("iter", items(value.items))
     if kind.__module__ == "numpy":
         return _numpy_to_wire(value, kind, depth)
-    raise NotPlainData(f"a {kind.__module__}.{kind.__qualname__} is not plain data")
+    return _handle_to_wire(value, kind)
+
+
+def _handle_to_wire(value, kind):
+    """A handle: an object of the program's kept in its process, or a stand-in sent back."""
+    if _REMOTE is not None and kind is _REMOTE:
+        return _tagged("handle", [value._index, ""])
+    if _HANDLES is None:
+        raise NotPlainData(f"a {kind.__module__}.{kind.__qualname__} is not plain data")
+    index = _HANDLE_INDEX.get(id(value))
+    if index is None:
+        index = _HANDLE_INDEX[id(value)] = len(_HANDLES)
+        _HANDLES.append(value)  # kept alive: its id stays its own
+    return _tagged("handle", [index, kind.__qualname__[:100]])
 
 
 def _numpy_to_wire(value, kind, depth):
@@ -153,6 +174,8 @@ def _text_from_wire(tag, body):
 
 
 def _items_from_wire(tag, body, depth):
+    if tag == "handle" and len(body) == 2 and type(body[0]) is int and type(body[1]) is str:
+        return _handle_from_wire(*body)
     if tag == "ndarray" or tag == "npscalar":
         return _numpy_from_wire(tag, body, depth)
     if tag == "array" and len(body) == 2 and body[0] in _ARRAY_CODES and type(body[1]) is list:
@@ -179,6 +202,14 @@ def _items_from_wire(tag, body, depth):
             if tag == name:
                 return _mapping(kind, items)
     raise NotPlainData(f"an unknown or malformed tag {tag!r}")
+
+
+def _handle_from_wire(index, kind):
+    if _HANDLES is not None and 0 <= index < len(_HANDLES):
+        return _HANDLES[index]
+    if _REMOTE is not None:
+        return _REMOTE(index, kind)
+    raise NotPlainData("a handle that names no object")
 
 
 def _mapping(kind, pairs):
@@ -266,6 +297,8 @@ def _plain_subclass(value, kind, depth):
                 raise NotPlainData(f"an iterator of more than {MAX_ITEMS} items")
             items.append(plain(item, depth + 1))
         return _Iterated(items)
+    if _HANDLES is not None:  # crosses as a handle (to_wire)
+        return value
     raise NotPlainData(f"a {kind.__module__}.{kind.__qualname__} is not plain data")
 
 

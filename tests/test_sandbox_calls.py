@@ -266,16 +266,23 @@ def test_mbpp_refuses_forged_passes(data_dir, forgery):
     assert not benchmark.score(request, fenced(answer)).passed
 
 
-def test_mbpp_runs_in_the_programs_process_only_where_the_setup_needs_its_objects(data_dir):
+def test_mbpp_runs_every_task_on_the_trusted_side_367_included(data_dir):
+    """Task 367's setup builds trees of the program's Node class: the setup and the asserts run in
+    the trusted process, the trees stay in the program's as handles; an always-equal answer fails."""
     rows = {row["task_id"]: row for row in map(json.loads, (data_dir / "mbpp" / "mbpp.jsonl").read_text().splitlines())}
     assert program_names(rows[11]["test_list"], "", "remove_Occ") == ("remove_Occ",)
     assert program_names(rows[126]["test_list"], "", "sum") == ("sum",)  # shadows a builtin
-    assert program_names(rows[367]["test_list"], rows[367]["test_setup_code"], "is_tree_balanced") is None
+    tests, setup = rows[367]["test_list"], rows[367]["test_setup_code"]
+    assert program_names(tests, setup, "is_tree_balanced") == ("Node", "is_tree_balanced")
     benchmark = MBPP(str(data_dir / "mbpp" / "mbpp.jsonl"), limits=LIMITS)
+    assert all(program_names(r.reference["tests"], r.reference["setup"], r.reference["entry_point"])
+               for r in benchmark.load())
     tree = next(r for r in benchmark.load() if r.request_id == "mbpp/367")
     score = benchmark.score(tree, fenced(rows[367]["code"]))
-    assert score.passed and score.containment.endswith("tests in the program's process")
+    assert score.passed and score.containment.endswith("tests in a trusted process")
     assert not benchmark.score(tree, fenced(rows[367]["code"].replace("<= 1", "<= 9"))).passed
+    forged = rows[367]["code"] + "\n" + ALWAYS_EQUAL + "def is_tree_balanced(root):\n    return Anything()\n"
+    assert not benchmark.score(tree, fenced(forged)).passed
 
 
 @pytest.mark.parametrize("forgery", FORGERIES)
@@ -349,3 +356,19 @@ def test_numpy_answers_keep_numpy_semantics():
     assert verdict(truth, "assert answer() == True\n") and not verdict(truth, "assert answer() is True\n")
     array_answer = "import numpy\ndef answer():\n    return numpy.array([3, 1, 2])\n"
     assert verdict(array_answer, "assert tuple(answer()) == (3, 1, 2) and set(answer()) == {1, 2, 3}\n")
+
+
+HONEST_POINT = ("class Point:\n    def __init__(self, x):\n        self.x = x\n"
+                "    def __eq__(self, other):\n        return isinstance(other, Point) and self.x == other.x\n"
+                "    __hash__ = object.__hash__\n"
+                "def answer(x):\n    return Point(x)\n")
+
+
+def test_an_object_of_the_programs_class_stays_there_and_is_compared_by_its_own_eq():
+    """A handle: the trusted side asks the program to compare, read or set attributes, as the
+    official harness's one process would; one that says it equals anything fails."""
+    assert verdict(HONEST_POINT, "assert answer(1) == answer(1) and answer(1) != answer(2)\n")
+    assert verdict(HONEST_POINT, "p = answer(3)\np.x = 4\nassert p.x == 4 and p == answer(4)\n")
+    assert not verdict(HONEST_POINT, "assert answer(1) == answer(2)\n")
+    forged = run_calls(ALWAYS_EQUAL + "def double(x):\n    return Anything()\n", DOUBLE, LIMITS)
+    assert not forged.passed and "equals anything" in forged.stderr

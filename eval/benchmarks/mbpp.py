@@ -26,20 +26,17 @@ def entry_point(tests: list[str]) -> str | None:
 
 
 def program_names(tests: list[str], setup: str, entry: str | None) -> tuple[str, ...] | None:
-    """The program's functions the asserts call (the entry point, and any other name
-    neither the asserts, their setup nor the builtins define), when the tests can run
-    apart from the program: every such name is only ever called. None when they
-    cannot (the setup builds objects of the program's classes, task 367)."""
+    """The program's functions and classes the setup and the asserts call (the entry point, and
+    any other name neither they nor the builtins define), when the tests can run apart from the
+    program: every such name is only ever called (what a class builds stays in the program's
+    process, a handle on the trusted side: task 367's trees). None when they cannot."""
     try:
-        setup_tree, test_tree = ast.parse(setup), ast.parse("\n".join(tests))
+        tree = ast.parse(setup + "\n" + "\n".join(tests))
     except SyntaxError:
         return None
-    defined = _bound(setup_tree) | _bound(test_tree) | set(dir(builtins))
-    if _loaded(setup_tree) - defined:
-        return None
-    names = (_loaded(test_tree) - defined) | ({entry} if entry else set())
-    loads = sorted(node.id for node in ast.walk(test_tree) if isinstance(node, ast.Name) and node.id in names)
-    calls = sorted(node.func.id for node in ast.walk(test_tree)
+    names = (_loaded(tree) - _bound(tree) - set(dir(builtins))) | ({entry} if entry else set())
+    loads = sorted(node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in names)
+    calls = sorted(node.func.id for node in ast.walk(tree)
                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names)
     return tuple(sorted(names)) if names and loads == calls else None
 
@@ -93,6 +90,10 @@ class MBPP:
         names = program_names(ref["tests"], ref["setup"], ref["entry_point"])
         if names is None:  # the tests need the program's objects (its setup builds them): in its process
             return execution_score(run_tests("\n".join([code, "", ref["setup"], *ref["tests"]]) + "\n", self.limits))
-        # The asserts run in a trusted process; the program only answers calls of its functions.
-        job = TrustedTests(prelude=ref["setup"], body="\n".join(ref["tests"]) + "\n", proxies=names)
-        return execution_score(run_calls("\n".join([ref["setup"], code]) + "\n", job, self.limits))
+        # The setup and the asserts run in a trusted process; the program only answers calls. A setup
+        # that calls the program (task 367 builds its trees) comes after it, as officially: the
+        # program alone serves; any other goes first too (its imports, which programs may rely on).
+        job = TrustedTests(prelude="", body="\n".join([ref["setup"], *ref["tests"]]) + "\n", proxies=names)
+        calls_program = bool(set(names) & _loaded(ast.parse(ref["setup"])))
+        program = code if calls_program else "\n".join([ref["setup"], code])
+        return execution_score(run_calls(program + "\n", job, self.limits))
