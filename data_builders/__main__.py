@@ -5,14 +5,18 @@ import sys
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from data_builders import NOTHING_KEPT  # noqa: E402
 from data_builders.config import BuildConfig  # noqa: E402
-from headstart.config import HelpShown, exit_on_help  # noqa: E402
+from headstart.config import HelpShown, exit_on_help, report_interrupt  # noqa: E402
 
 try:  # `--help` before the builder's imports (torch, transformers, vLLM's client)
     exit_on_help(BuildConfig, sys.argv[1:])
 except HelpShown:
     sys.exit(0)
 
-from data_builders.build import main  # noqa: E402
+try:  # the imports take seconds: a Ctrl-C during them ends as one during the build does
+    from data_builders.build import main
+except KeyboardInterrupt:
+    sys.exit(report_interrupt(NOTHING_KEPT))
 
 sys.exit(main())

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from datasets import Dataset, DatasetDict, DatasetInfo
 
+from data_builders import NOTHING_KEPT
 from data_builders.analyse import VERSION as ANALYSIS_VERSION
 from data_builders.analyse import analyse_batch
 from data_builders.answers import cut_answers, has_answer
@@ -25,7 +26,14 @@ from data_builders.card import length_stats
 from data_builders.collect import check_locations, collect, collect_key
 from data_builders.config import BuildConfig
 from data_builders.decontamination import DecontaminationIndex, build_index
-from data_builders.output import check_replaceable, open_work_dir, remove_work_dir, save
+from data_builders.output import (
+    after_interrupt,
+    check_replaceable,
+    discard_replaced,
+    open_work_dir,
+    remove_work_dir,
+    save,
+)
 from data_builders.pairs import STAT_COLUMNS, expand_batch
 from data_builders.report import Report
 from data_builders.select import choose, column, eligible_rows
@@ -112,15 +120,25 @@ def build(config: BuildConfig, command: str = "python -m data_builders") -> Path
     check_writable(work, "work_dir")
     check_locations(config)
     report = Report()
-    created = not work.exists()
-    open_work_dir(work)
-    with report.timed(work, "build"):
-        splits = _build_splits(config, output, work, created, report)
-    save(DatasetDict(splits), config, report, output, command)
-    report.forget_seconds(work)  # a finished build: the next build of this name starts its own clock
-    if not config.keep_work_dir:
-        remove_work_dir(work)
+    created, saved = not work.exists(), False
+    try:
+        open_work_dir(work)
+        with report.timed(work, "build"):
+            splits = _build_splits(config, output, work, created, report)
+        save(DatasetDict(splits), config, report, output, command)
+        saved = True
+        discard_replaced(output)
+        report.forget_seconds(work)  # a finished build: the next build of this name starts its own clock
+        if not config.keep_work_dir:
+            remove_work_dir(work)
+    except KeyboardInterrupt as interrupt:
+        raise BuildInterrupted(after_interrupt(output, work, created, saved)) from interrupt
     return output
+
+
+class BuildInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a build, its temporary files removed; its text says what the build kept.
+    A KeyboardInterrupt still, for a caller of `build` that stops on one."""
 
 
 def _build_splits(config: BuildConfig, output: Path, work: Path, created: bool, report: Report) -> dict[str, Dataset]:
@@ -258,7 +276,7 @@ def command_line(argv: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from headstart.config import cli_main, load_config
+    from headstart.config import cli_main, load_config, report_interrupt
 
     argv = list(sys.argv[1:] if argv is None else argv)
 
@@ -267,4 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"saved {output}")
         print((output / "README.md").read_text().split("## Inputs")[0].rstrip())
 
-    return cli_main(run)
+    try:
+        return cli_main(run)
+    except BuildInterrupted as interrupted:
+        return report_interrupt(str(interrupted))
+    except KeyboardInterrupt:  # before the build began: reading the recipe, loading imports
+        return report_interrupt(NOTHING_KEPT)

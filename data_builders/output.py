@@ -3,8 +3,10 @@
 The builder replaces only what it wrote. Each output directory holds headstart's run
 record (headstart.run_dir, kind "data"), listing its files; a directory without it, or
 holding a file the list does not name (an adapter saved there, notes), is refused, never
-deleted. The work directory gets its own marker (`.headstart-work`), and only the builder's own
-intermediate files are ever removed from it.
+deleted. The one exception is `datasets`' cache files beside a split's rows (training's
+tokenization writes them): derived data, replaced with the rows they came from. The work
+directory gets its own marker (`.headstart-work`), and only the builder's own intermediate
+files are ever removed from it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict
 from omegaconf import OmegaConf
 
+from data_builders import NOTHING_KEPT
 from data_builders.card import render_card
 from data_builders.config import BuildConfig
 from data_builders.report import Report
@@ -29,6 +32,9 @@ WORK_MARKER = ".headstart-work"
 # What a build writes into its work directory (datasets' map adds shard suffixes and tmp files).
 WORK_FILES = ("requests-*", "analysed-*", "pairs-*", "answers-*", "seconds.json", "tmp*")
 MARKED_BY = "python -m data_builders"
+# The cache files `datasets` writes beside a saved split when it is mapped, filtered or shuffled
+# (`cache-<fingerprint>.arrow`, with a `_00000_of_00004` shard suffix under num_proc).
+MAP_CACHE_FILES = "cache-*.arrow"
 
 
 def _files(directory: Path) -> list[str]:
@@ -53,7 +59,17 @@ def foreign_output_files(directory: Path) -> list[str]:
     written = set(marker["files"])
     if marker.get("in_progress") and directory.name.endswith(".partial"):
         return []  # a save killed midway: every file in it is one it was writing
-    return [f for f in present if f not in written]
+    return [f for f in present if f not in written and not _is_map_cache(f, written)]
+
+
+def _is_map_cache(name: str, written: set[str]) -> bool:
+    """A cache file `datasets` wrote beside a split's rows when a run mapped them (training
+    tokenizes its data so): derived from the rows, and stale once they are rebuilt, so a rebuild
+    replaces it with the rest. Only beside rows the builder wrote, under datasets' own name."""
+    folder, _, file = name.rpartition("/")
+    return fnmatch.fnmatchcase(file, MAP_CACHE_FILES) and any(
+        w.rpartition("/")[0] == folder and fnmatch.fnmatchcase(w.rpartition("/")[2], "data-*.arrow") for w in written
+    )
 
 
 def _output_marker(directory: Path) -> dict | None:
@@ -137,11 +153,28 @@ def _remove_own(directory: Path) -> None:
 
 def save(splits: DatasetDict, config: BuildConfig, report: Report, output: Path, command: str) -> None:
     """Write everything to OUTPUT.partial, then swap it in: a killed build never leaves
-    a half-written dataset where the trainer looks. The marker goes in first (a killed
-    save leaves a directory the next build may remove) and lists every file at the end."""
+    a half-written dataset where the trainer looks. The marker goes in first (a save killed
+    beyond Python's reach leaves a directory the next build may remove) and lists every file
+    at the end; a save that fails or is interrupted removes its OUTPUT.partial itself. The
+    output it replaces is left as OUTPUT.old for `discard_replaced`."""
     partial = output.with_name(output.name + ".partial")
     _remove_own(partial)
-    partial.mkdir(parents=True)
+    partial.mkdir(parents=True)  # outside the try: a directory this save did not create is never removed
+    try:
+        _write_partial(partial, splits, config, report, command)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # half a dataset: no resume can use it
+        raise
+    if output.exists():
+        stale = output.with_name(output.name + ".old")
+        _remove_own(stale)
+        if foreign_output_files(output):  # checked before the build; checked again before anything moves
+            raise ValueError(f"{output} holds files the data builders did not write; nothing is deleted")
+        os.replace(output, stale)
+    os.replace(partial, output)
+
+
+def _write_partial(partial: Path, splits: DatasetDict, config: BuildConfig, report: Report, command: str) -> None:
     write_mark(partial, RUN_KIND, {"files": [], "in_progress": True, "command": MARKED_BY})
     splits.save_to_disk(str(partial))
     config_yaml = OmegaConf.to_yaml(OmegaConf.structured(config))
@@ -153,14 +186,52 @@ def save(splits: DatasetDict, config: BuildConfig, report: Report, output: Path,
     _write_preview(splits["train"], partial / "preview.jsonl", config.preview_rows)
     written = [f for f in _files(partial) if f != OUTPUT_MARKER]
     write_mark(partial, RUN_KIND, {"files": written, "command": MARKED_BY})
-    if output.exists():
-        stale = output.with_name(output.name + ".old")
-        _remove_own(stale)
-        if foreign_output_files(output):  # checked before the build; checked again before anything moves
-            raise ValueError(f"{output} holds files the data builders did not write; nothing is deleted")
-        os.replace(output, stale)
-        shutil.rmtree(stale)
-    os.replace(partial, output)
+
+
+def discard_replaced(output: Path, ignore_errors: bool = False) -> None:
+    """Delete OUTPUT.old, the previous output `save` moved aside (checked as the builder's own
+    before it moved). Deleted after the new output is in place: a large one takes a while."""
+    stale = output.with_name(output.name + ".old")
+    if stale.exists():
+        shutil.rmtree(stale, ignore_errors=ignore_errors)
+
+
+def after_interrupt(output: Path, work: Path, created: bool, saved: bool) -> str:
+    """Tidy up after a Ctrl-C and say, in one phrase, what the build kept. Its temporary files
+    go (OUTPUT.partial is gone already, see `save`). The work directory stays when it holds a
+    finished pass, since the same command resumes from it (a killed build resumes, docs/data.md);
+    one this build created that holds none goes with the rest."""
+    _remove_temporary_work_files(work)
+    if saved:
+        discard_replaced(output, ignore_errors=True)  # its deletion may be what was interrupted
+        return f"{output} was saved whole before the interrupt"
+    if _resumable_work_files(work):
+        return (f"{output} was not written; the passes that finished are kept in {work}: rerun the same command "
+                f"to resume (or delete {work} to start afresh)")
+    if created:
+        remove_work_dir(work)
+    return NOTHING_KEPT
+
+
+# What an interrupted pass leaves in the work directory: a file being written (collect's
+# requests-*.partial, the temporary file of a `datasets` map), never a finished result.
+TEMPORARY_WORK_FILES = ("*.partial", "tmp*")
+
+
+def _remove_temporary_work_files(work: Path) -> None:
+    """The builder's half-written intermediate files (in a work directory it marked: never a user's)."""
+    if not (work / WORK_MARKER).is_file():
+        return
+    for name in _files(work):
+        if _is_work_file(name) and any(fnmatch.fnmatchcase(name, pattern) for pattern in TEMPORARY_WORK_FILES):
+            (work / name).unlink(missing_ok=True)
+
+
+def _resumable_work_files(work: Path) -> list[str]:
+    """The finished intermediate results a rerun would reuse (the clock of the build does not count)."""
+    if not work.is_dir():
+        return []
+    return [name for name in _files(work) if _is_work_file(name) and name != "seconds.json"]
 
 
 def _write_preview(dataset: Dataset, path: Path, rows: int) -> None:

@@ -92,6 +92,15 @@ def cli_main(body: Callable[[], Any]) -> int:
     return 0
 
 
+INTERRUPTED_EXIT = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C ended
+
+
+def report_interrupt(what: str) -> int:
+    """End a Ctrl-C'd entry point with one line saying what it kept (no traceback); returns 130."""
+    print(f"interrupted: {what}", file=sys.stderr)
+    return INTERRUPTED_EXIT
+
+
 def error_line(error: BaseException) -> str:
     """One line for the user: an OSError as `<file>: <problem>` (its own text may name no
     file, or two), anything else its message with its lines joined."""

@@ -87,18 +87,19 @@ def _chunks(stream: BinaryIO) -> Iterator[bytes]:
 
 def _utf8_checked(stream: BinaryIO, path: Path) -> Iterator[bytes]:
     """The stream's chunks, failing at the first byte that is not UTF-8 (wherever the lines break)."""
-    decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+    decoder, offset, lines = codecs.getincrementaldecoder("utf-8")(), 0, 0
     for chunk in _chunks(stream):
         try:
             decoder.decode(chunk)
         except UnicodeDecodeError as error:
-            raise ValueError(f"{path}: not UTF-8 text (byte {offset + error.start}): a binary file?") from error
-        offset += len(chunk)
+            line = lines + chunk.count(b"\n", 0, error.start) + 1
+            raise ValueError(f"{path}: not UTF-8 text (line {line}, byte {offset + error.start}): a binary file?") from error
+        offset, lines = offset + len(chunk), lines + chunk.count(b"\n")
         yield chunk
     try:
         decoder.decode(b"", final=True)
     except UnicodeDecodeError as error:
-        raise ValueError(f"{path}: not UTF-8 text (the last bytes): a binary file?") from error
+        raise ValueError(f"{path}: not UTF-8 text (the last bytes, line {lines + 1}): a binary file?") from error
 
 
 def _json_rows(chunks: Iterator[bytes], array_allowed: bool, path: Path) -> Iterator[RawRow]:
@@ -162,6 +163,29 @@ def _parquet_rows(path: Path, batch_size: int = 4096) -> Iterator[RawRow]:
         for row in batch.to_pylist():
             number += 1
             yield RawRow(number, row)
+
+
+def read_text(path: str | Path) -> str:
+    """A whole UTF-8 text file; one that is not UTF-8 is a ValueError naming the file, the line
+    and the byte (a bare UnicodeDecodeError names none of them, and is a ValueError too: an
+    entry point would print it as its one error line)."""
+    path = Path(path)
+    blob = path.read_bytes()
+    try:
+        return blob.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = blob.count(b"\n", 0, error.start) + 1
+        raise ValueError(f"{path}: not UTF-8 text (line {line}, byte {error.start})") from error
+
+
+def read_json_file(path: str | Path) -> Any:
+    """A whole JSON file (a dataset's dataset_dict.json or state.json, a DeepSpeed config); one
+    that is not UTF-8 or not JSON is a ValueError naming the file and the line."""
+    text = read_text(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not JSON (line {error.lineno}, column {error.colno}: {error.msg})") from error
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

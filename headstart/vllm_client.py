@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
-from headstart.model_files import ADAPTER_CONFIG, adapter_base
+from headstart.model_files import ADAPTER_CONFIG, adapter_base, read_json
 from headstart.models import default_dtype, resolve_model_dir
 from headstart.vllm_settings import VLLMSettings, vllm_python
 
@@ -85,7 +85,7 @@ def vllm_model(model: str, adapter: str | None = None) -> VLLMModel:
         model, adapter = base, model
     if not adapter:
         return VLLMModel(resolve_model_dir(model))
-    config = json.loads((Path(adapter).expanduser() / ADAPTER_CONFIG).read_text())
+    config = read_json(Path(adapter).expanduser() / ADAPTER_CONFIG)  # a damaged one is named
     if config.get("modules_to_save"):
         raise ValueError(f"adapter {adapter} also trains {config['modules_to_save']} in full: vLLM's LoRA cannot "
                          "apply it; merge it (python -m train.merge) and give the merged directory as the model")

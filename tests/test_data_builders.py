@@ -292,6 +292,31 @@ def test_an_output_dir_the_builder_did_not_create_is_refused_and_kept(tmp_path, 
     assert "\nseed: 1\n" in (out / "config.yaml").read_text()  # the last build's output, untouched
 
 
+def test_a_dataset_training_has_mapped_is_rebuilt_in_place_and_its_caches_go(tmp_path, lmsys_file, capsys):
+    """Training maps the rows, and `datasets` writes its cache-*.arrow files into the split
+    directory: a rebuild in place used to be refused for them. They are derived from the old rows
+    (stale once rebuilt) and go with it; any other file the builder did not write still refuses."""
+    args = [f"lmsys.path={lmsys_file}", "caps.max_tokens=0", "decontamination.benchmarks=[humaneval]"]
+    out = tmp_path / "out"
+    assert main([*args, f"output_dir={out}"]) == 0
+    load_from_disk(str(out))["train"].map(lambda row: {"chars": len(row["messages"][1]["content"])})
+    caches = sorted(p.relative_to(out).as_posix() for p in out.rglob("cache-*.arrow"))
+    assert caches and all(c.startswith("train/cache-") for c in caches)  # where the map wrote them
+    assert main([*args, f"output_dir={out}", "seed=1"]) == 0, capsys.readouterr().err[-2000:]
+    assert "\nseed: 1\n" in (out / "config.yaml").read_text() and not list(out.rglob("cache-*.arrow"))
+    load_from_disk(str(out))["train"].map(lambda row: {"chars": 0})
+    (out / "train" / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main([*args, f"output_dir={out}", "seed=2"]) == 2
+    err = capsys.readouterr().err
+    assert "train/notes.txt" in err and "cache-" not in err, err
+    assert (out / "train" / "notes.txt").read_text() == "mine" and list(out.rglob("cache-*.arrow"))
+    (out / "train" / "notes.txt").unlink()
+    (out / "cache-0123456789abcdef.arrow").write_bytes(b"not beside a split's rows: not a map's cache")
+    assert main([*args, f"output_dir={out}", "seed=2"]) == 2
+    assert "cache-0123456789abcdef.arrow" in capsys.readouterr().err
+
+
 def test_the_work_dir_holds_and_loses_only_the_builders_files(tmp_path, lmsys_file, capsys):
     args = [f"lmsys.path={lmsys_file}", "caps.max_tokens=0", "decontamination.benchmarks=[humaneval]",
             f"output_dir={tmp_path / 'out'}"]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from headstart.files import append_jsonl, iter_raw_rows, iter_rows, read_jsonl, write_jsonl
+from headstart.files import append_jsonl, iter_raw_rows, iter_rows, read_json_file, read_jsonl, write_jsonl
 
 
 def test_every_format_gives_the_same_rows(tmp_path):
@@ -30,13 +30,28 @@ def test_the_strict_reader_names_the_file_and_line(tmp_path):
     with pytest.raises(ValueError, match=rf"{path}:2: not a JSON object: \[1, 2\]"):
         list(iter_rows(path))
     path.write_bytes(b'{"a": 1}\n' + bytes(range(256)))
-    with pytest.raises(ValueError, match=rf"{path}: not UTF-8 text \(byte 137\)"):
+    with pytest.raises(ValueError, match=rf"{path}: not UTF-8 text \(line 3, byte 137\)"):
         list(iter_rows(path))
     (tmp_path / "bad.jsonl.gz").write_bytes(b"not gzip")
     with pytest.raises(ValueError, match="not a readable gzip file"):
         list(iter_rows(tmp_path / "bad.jsonl.gz"))
     with pytest.raises(FileNotFoundError, match="data file not found"):
         list(iter_rows(tmp_path / "absent.jsonl"))
+
+
+def test_a_json_file_that_is_not_utf8_or_not_json_is_named_with_its_line(tmp_path):
+    """A dataset's dataset_dict.json or state.json, a DeepSpeed config: read whole. Their
+    UnicodeDecodeError (a ValueError) used to end as `error: 'utf-8' codec can't decode byte
+    0xff in position 15`, naming no file."""
+    path = tmp_path / "state.json"
+    path.write_bytes(b'{\n "splits": ["train",\n  "valid\xffation"]}\n')
+    with pytest.raises(ValueError, match=rf"^{path}: not UTF-8 text \(line 3, byte 31\)"):
+        read_json_file(path)
+    path.write_text('{\n "splits": ["train",\n}\n')
+    with pytest.raises(ValueError, match=rf"^{path}: not JSON \(line 3, column 1: Expecting value\)$"):
+        read_json_file(path)
+    path.write_text('{"splits": ["train"]}')
+    assert read_json_file(path) == {"splits": ["train"]}
 
 
 def test_the_tolerant_reader_reports_each_bad_line(tmp_path):

@@ -95,6 +95,30 @@ def test_bad_training_data_names_the_file_the_line_the_row_and_the_field(tmp_pat
         load_split(str(write_dataset(tmp_path / "saved")), "train")
 
 
+def test_a_saved_dataset_whose_json_is_not_utf8_is_named(tmp_path, monkeypatch):
+    """`error: 'utf-8' codec can't decode byte 0xff in position 15: invalid start byte` used to be
+    all a run said of a damaged dataset_dict.json or state.json (or DeepSpeed config): no file."""
+    from datasets import DatasetDict
+
+    from train.topology import deepspeed_zero_stage
+
+    rows = Dataset.from_list(humaneval_dialogues(2))
+    listing, state = tmp_path / "a" / "dataset_dict.json", tmp_path / "b" / "train" / "state.json"
+    for directory in (tmp_path / "a", tmp_path / "b"):
+        DatasetDict({"train": rows}).save_to_disk(str(directory))
+    listing.write_bytes(b'{"splits": ["tr\xffain"]}')
+    with pytest.raises(ValueError, match=rf"^{listing}: not UTF-8 text \(line 1, byte 15\)"):
+        load_split(str(tmp_path / "a"), "train")
+    state.write_bytes(b'{"_data_files": [\n{"\xff": 1}]}')
+    with pytest.raises(ValueError, match=rf"^{state}: not UTF-8 text \(line 2, "):
+        load_split(str(tmp_path / "b"), "train")
+    deepspeed = tmp_path / "zero2.json"
+    deepspeed.write_bytes(b'{"zero_optimization": {"stage": 2, "\xe9t\xe9": 1}}')
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(deepspeed))
+    with pytest.raises(ValueError, match=rf"^{deepspeed}: not UTF-8 text \(line 1, "):
+        deepspeed_zero_stage()
+
+
 def write_dataset(path):
     from datasets import DatasetDict
 

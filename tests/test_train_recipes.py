@@ -87,6 +87,23 @@ def test_key_typo_fails_naming_the_closest_valid_keys():
         parse_recipe(["run.effective_batch=4"])
 
 
+def test_a_key_that_moved_out_of_training_names_its_new_place(tmp_path):
+    """Keys headstart itself reads moved from `training:` into `run:` (commit ffcb0a4); the error
+    used to offer TRL's closest fields (per_device_train_batch_size for effective_batch_size)."""
+    for key, value in (("effective_batch_size", "8"), ("keep_effective_batch", "true"), ("resume", "false"),
+                       ("merge", "false")):
+        with pytest.raises(RecipeError) as error:
+            parse_recipe(["recipe=smollm2_prefix", f"training.{key}={value}"])
+        assert str(error.value) == f"training.{key} moved to run.{key}: give run.{key}={value}"
+    with pytest.raises(RecipeError, match=r"^training\.warmup_ratio is gone from transformers 5: give "
+                                          r"training\.warmup_steps a share below 1 \(0\.03: 3% of the steps\)$"):
+        parse_recipe(["training.warmup_ratio=0.03"])
+    recipe = tmp_path / "old.yaml"  # a recipe file written before the move says the same
+    recipe.write_text("training:\n  learning_rate: 1.0e-4\n  effective_batch_size: 16\n")
+    with pytest.raises(RecipeError, match=r"^training\.effective_batch_size moved to run\.effective_batch_size"):
+        parse_recipe([f"recipe={recipe}"])
+
+
 def test_training_section_is_trls_sft_config():
     """Any SFTConfig field is given under its own name and reaches SFTConfig as it is; a bad
     type is refused naming the field; what train/sft.py derives is refused with where it comes from."""

@@ -9,12 +9,11 @@ needs each row's complete request in a `full_request` column. Tokenizing them is
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 
-from headstart.files import iter_rows
+from headstart.files import iter_rows, read_json_file
 from headstart.fingerprint import file_sha256, files_sha256, tree_sha256
 from headstart.paths import is_default_output
 
@@ -34,7 +33,7 @@ def load_split(path: str, split: str) -> Dataset | None:
     if local.is_dir():
         listing = local / "dataset_dict.json"  # a DatasetDict: each split is read on its own
         if listing.is_file():
-            if split not in json.loads(listing.read_text()).get("splits", []):
+            if split not in read_json_file(listing).get("splits", []):
                 return None
             return _nonempty(_load_saved(local / split, path, split), path, split)
         return _nonempty(_load_saved(local, path, split), path, split) if split == "train" else None
@@ -84,7 +83,7 @@ def _load_saved(directory: Path, path: str, split: str) -> Dataset:
     """A split written by `save_to_disk`. One without rows has no data file, and
     `load_from_disk` fails on it (and on the whole DatasetDict) with an IndexError."""
     state = directory / "state.json"
-    if state.is_file() and not json.loads(state.read_text()).get("_data_files"):
+    if state.is_file() and not read_json_file(state).get("_data_files"):
         raise ValueError(f"{path}: split {split!r} holds no rows")
     try:
         stored = load_from_disk(str(directory))

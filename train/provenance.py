@@ -6,6 +6,8 @@ from pathlib import Path
 
 from datasets import Dataset
 
+from headstart.files import read_text
+
 ANSWER_MODEL = "answer_model"
 
 
@@ -39,7 +41,7 @@ def answer_models(dataset: Dataset, path: str) -> set[str] | None:
         if config.is_file():
             from omegaconf import OmegaConf
 
-            model = OmegaConf.load(config).get("model")
+            model = OmegaConf.create(read_text(config)).get("model")  # an undecodable one is named
             return {str(model)} if model else None
         return None
     if "answer_kind" in dataset.column_names:

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import enum
 import functools
+import json
 import types
 import typing
 from typing import Any
@@ -35,6 +36,10 @@ DERIVED = {
 # Deprecated aliases transformers still accepts: one name per setting keeps saved recipes comparable.
 RENAMED = {"gradient_checkpointing": "activation_checkpointing",
            "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs"}
+
+# Keys headstart reads itself, which left `training:` for `run:` when `training:` became TRL's
+# SFTConfig (commit ffcb0a4): a recipe written before says where each went.
+MOVED_TO_RUN = ("effective_batch_size", "keep_effective_batch", "resume", "merge")
 
 
 @functools.cache
@@ -63,6 +68,7 @@ def check_training_section(training: dict[str, Any]) -> None:
         if key in RENAMED:
             raise RecipeValueError(f"training.{key} is a deprecated alias in transformers; use training.{RENAMED[key]}")
         if key not in fields:
+            _refuse_an_old_key(key, value)
             close = difflib.get_close_matches(key, list(fields), n=4, cutoff=0.6)
             hint = f"closest: {', '.join(close)}" if close else "see trl.SFTConfig for the valid names"
             raise RecipeValueError(f"unknown key training.{key} (not a field of TRL's SFTConfig); {hint}")
@@ -70,6 +76,18 @@ def check_training_section(training: dict[str, Any]) -> None:
         if expected is not None and not has_type(value, expected):
             names = " or ".join(sorted({t.__name__ if t is not type(None) else "null" for t in expected}))
             raise RecipeValueError(f"training.{key} must be {names}, got {value!r}")
+
+
+def _refuse_an_old_key(key: str, value: Any) -> None:
+    """Name the new place of a `training:` key an older recipe spells its old way (TRL's closest
+    names would point elsewhere: per_device_train_batch_size for effective_batch_size)."""
+    given = value if isinstance(value, str) else json.dumps(value)
+    if key in MOVED_TO_RUN:
+        raise RecipeValueError(f"training.{key} moved to run.{key}: give run.{key}={given}")
+    if key == "warmup_ratio":  # the old schema's, and transformers' until version 5
+        share = f" ({given}: {value * 100:g}% of the steps)" if isinstance(value, float) and 0 <= value < 1 else ""
+        raise RecipeValueError(f"training.warmup_ratio is gone from transformers 5: give training.warmup_steps "
+                               f"a share below 1{share}")
 
 
 def accepted_types(annotation: Any) -> set[type] | None:

@@ -13,11 +13,11 @@ same samples (the sampler's order does not depend on the world size).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from headstart.files import read_json_file
 from train.batch import batch_plan
 from train.config import RecipeValueError, TrainRecipe
 
@@ -51,7 +51,7 @@ def deepspeed_zero_stage() -> int | None:
     """The ZeRO stage of this launch: from the DeepSpeed JSON accelerate was given, else its flag."""
     config_file = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "")
     if config_file and config_file != "None" and Path(config_file).is_file():
-        stage = json.loads(Path(config_file).read_text()).get("zero_optimization", {}).get("stage")
+        stage = read_json_file(config_file).get("zero_optimization", {}).get("stage")
         if isinstance(stage, int):
             return stage
     stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
@@ -75,7 +75,7 @@ def checkpoint_topology(checkpoint: Path) -> tuple[Topology | None, dict | None]
     (checkpoints written before records existed: no plan); (None, None) when neither tells."""
     record = checkpoint / TOPOLOGY_FILE
     if record.is_file():
-        saved = json.loads(record.read_text())
+        saved = read_json_file(record)
         return Topology(**saved["topology"]), saved.get("batch_plan")
     steps = [p for p in checkpoint.glob("global_step*") if p.is_dir()]
     if steps:  # DeepSpeed: one optimizer shard per data-parallel rank; per-rank model states under ZeRO-3
