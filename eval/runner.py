@@ -23,6 +23,7 @@ from eval.reporting.metrics import running_medians, summarize
 from eval.reporting.tables import markdown_table
 from eval.reporting.typing_report import typing_report
 from eval.results_dir import FINGERPRINT_KEYS, RUN_KIND, check_resumable, result_settings
+from eval.sandbox import SandboxUnavailable
 from eval.shards import Shard, merge_into, merged_records, parse_shard, shard_dir, write_manifest
 from headstart.config import dump_config
 from headstart.devices import resolve_device
@@ -204,9 +205,17 @@ def timing_note(config: EvalConfig) -> str:
 
 def _scores(benchmark, request: Request, record: dict[str, Any]) -> dict[str, Any]:
     """Score both answers; identical answers are executed once. `containment`: what the
-    executed programs ran under, and where their tests ran (eval/sandbox.py)."""
-    base = benchmark.score(request, record["base_answer"])
-    stream = base if record["stream_answer"] == record["base_answer"] else benchmark.score(request, record["stream_answer"])
+    executed programs ran under, and where their tests ran (eval/sandbox.py).
+    Whatever an answer's program does fails that answer only; SandboxUnavailable
+    means no program can run on this machine (no bwrap, no user namespaces), so the
+    run stops at the first answer to execute, named, with nothing recorded for it."""
+    try:
+        base = benchmark.score(request, record["base_answer"])
+        same = record["stream_answer"] == record["base_answer"]
+        stream = base if same else benchmark.score(request, record["stream_answer"])
+    except SandboxUnavailable as error:
+        raise SandboxUnavailable(f"{request.request_id}: the sandbox cannot run its answers (nothing is recorded for "
+                                 f"it; a rerun resumes there): {error}") from error
     return {"base_score": base.value, "stream_score": stream.value, "base_status": base.detail, "stream_status": stream.detail,
             "containment": "; ".join(sorted({base.containment, stream.containment} - {""}))}
 

@@ -32,17 +32,24 @@ program runs under a throw-away user id of its own, recorded before use
 killed predecessor left under the uids it recorded, and its cgroups).
 
 Without bwrap, or where it cannot build the sandbox, running a program raises
-`SandboxUnavailable`: a program never runs unsandboxed. What a program's text
-holds (a lone surrogate, a size over the file cap) fails that program only.
+`SandboxUnavailable`: a program never runs unsandboxed. Nothing a program does
+raises it: the sandbox counts as started once the bootstrap's "started" record,
+written before the program's first line, is on the status channel, a socket the
+program can write to but neither read nor reopen through /proc/self/fd (a pipe
+reopened so becomes a read end, from which a program could drain the record).
+What a program's text holds (a lone surrogate, a size over the file cap) and
+whatever it does fail that program only. What it writes reaches
+`ExecutionResult` (and any message quoting it) as text: control characters but
+tab and newline (a NUL, a terminal escape) escaped as a backslash, x and two hex digits.
 
 `run_tests` (the tests inside the program, as DS-1000 and CanItEdit need): a
 program passes only when it exits 0 AND the trusted bootstrap that runs it reports,
-over a pipe only the evaluator reads, that it started once and that the program's
+over a channel only the evaluator reads, that it started once and that the program's
 code returned. The bootstrap compiles the program with asserts on whatever the
 interpreter's flags, refuses to run optimized, and uses no runpy; an audit hook
 ends the process at a trace or profile hook, a change of a function's `__code__`
 (but the flag types.coroutine sets), an exec of the process image or a gc walk. What stays possible inside the
-program's own process: writing the record once it finds the pipe, answers whose
+program's own process: writing the record once it finds the channel, answers whose
 `__eq__` always says True, patching what the tests call (builtins, libraries),
 ctypes. `eval.sandbox_calls.run_calls` runs the tests in a trusted process instead
 (HumanEval, MBPP): the program only answers calls, with plain data.
@@ -73,6 +80,7 @@ from eval.sandbox_process import (
     nproc_limit,
     read_capped,
     read_channel,
+    status_channel,
     until_exit,
 )
 from eval.sandbox_seccomp import UnsupportedMachine, seccomp_program
@@ -105,7 +113,7 @@ class ExecutionResult:
     passed: bool
     status: str  # passed | failed | timeout
     returncode: int | None
-    stdout: str
+    stdout: str  # stdout and stderr: the program's (capped), control characters escaped
     stderr: str
     seconds: float
     containment: str = ""  # cgroup+seccomp | rlimit+seccomp | not run (rejected before it started)
@@ -146,6 +154,14 @@ def bwrap_path() -> str:
             "bubblewrap (bwrap) is required to run model-written programs and was not found on PATH; "
             "install it (Debian/Ubuntu: apt-get install bubblewrap, or run scripts/setup.sh as root)")
     return path
+
+
+def sandbox_host() -> Host:
+    """This evaluator process's Host (slots, uids, cgroups), or SandboxUnavailable."""
+    try:
+        return Host.get()
+    except PermissionError as error:  # a state directory others may write
+        raise SandboxUnavailable(f"cannot keep the sandbox's records safely: {error}") from error
 
 
 @lru_cache(maxsize=1)
@@ -209,10 +225,7 @@ class _Run:
     def start(self, data: bytes, bootstrap: str) -> None:
         limits = self.limits
         bwrap, seccomp = bwrap_path(), _seccomp_filter()
-        try:
-            self.host = host = Host.get()
-        except PermissionError as error:  # a state directory others may write
-            raise SandboxUnavailable(f"cannot keep the sandbox's records safely: {error}") from error
+        self.host = host = sandbox_host()
         self.slot, self.uid = host.acquire_slot()
         if host.cgroups is not None:
             self.cgroup = host.cgroups.create(self.slot, limits.memory_bytes, limits.max_processes + 2)
@@ -221,7 +234,9 @@ class _Run:
         for fd, content in ((source_fd, data), (seccomp_fd, seccomp)):
             os.write(fd, content)
             os.lseek(fd, 0, os.SEEK_SET)
-        self.channel_r, channel_w = (self._keep(fd) for fd in os.pipe())
+        self.channel_r, channel_w = status_channel()
+        self._keep(self.channel_r)
+        self._keep(channel_w)
         info_r, info_w = (self._keep(fd) for fd in os.pipe())
         passed = (source_fd, seccomp_fd, channel_w, info_w, *self.extra_fds)
         args = bwrap_args(bwrap, limits, host.prefix_binds(), source_fd, seccomp_fd, info_w)
@@ -274,6 +289,9 @@ class _Run:
         limits, process = self.limits, self.process
         records = read_channel(self.channel_r)
         stderr = read_capped(self.stderr_fd, limits.max_output_bytes)
+        # The bootstrap writes "started" before the program's first line, on a channel the
+        # program can add to but never read or reopen (status_channel): without it,
+        # nothing of the program ran, and the sandbox, not the program, failed.
         if self.ended_itself and finished and not records.startswith(b"started\n"):
             raise SandboxUnavailable(f"the sandbox did not start (bwrap exit {process.returncode}; a limit too "
                                      f"small for the interpreter, or no user namespaces here?): {stderr.strip()[-2000:]}")

@@ -50,7 +50,7 @@ write(channel, b'started\\n')
 with open('program.py', 'rb') as handle:
     code = compile(handle.read(), 'program.py', 'exec', dont_inherit=True, optimize=0)
 main = types.ModuleType('program')
-main.__file__, main.__builtins__ = 'program.py', builtins
+main.__builtins__ = builtins  # no __file__: the official harnesses' namespace has none
 sys.modules['program'], sys.argv = main, ['program.py']
 exec(code, main.__dict__)
 """

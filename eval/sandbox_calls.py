@@ -17,6 +17,7 @@ through two pipes per call (benchmarks/bench_sandbox.py measures both).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import resource
@@ -27,9 +28,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.sandbox import ExecutionResult, SandboxLimits, SandboxUnavailable, _run
+from eval.sandbox import ExecutionResult, SandboxLimits, SandboxUnavailable, _run, sandbox_host
 from eval.sandbox_bootstrap import BOOTSTRAP_HEAD, BOOTSTRAP_SERVE_RUN
-from eval.sandbox_process import LIBC, PR_SET_PDEATHSIG, close_all
+from eval.sandbox_cgroup import join as join_cgroup
+from eval.sandbox_process import LIBC, PR_SET_PDEATHSIG, close_all, printable
 
 CODEC = (Path(__file__).with_name("sandbox_codec.py")).read_text()
 MAX_ANSWER_BYTES = 8 << 20  # one call's answer, as JSON
@@ -52,12 +54,17 @@ def honest(target, operation, answer):
     except Exception:
         says = False
     if says:
-        raise NotPlainData(f'a {type(target).__qualname__[:100]} that equals anything')
+        raise NotPlainData(f'an object of {type(target).__qualname__[:100]} that equals anything')
     return answer
 
+import operator
 OPERATIONS = {'eq': lambda o, x: bool(o == x), 'ne': lambda o, x: bool(o != x), 'hash': hash, 'repr': repr, 'str': str,
               'bool': bool, 'len': len, 'getattr': getattr, 'setattr': setattr, 'getitem': lambda o, k: o[k],
-              'list': list}
+              'list': list, 'contains': lambda o, x: x in o, 'float': float, 'int': int, 'index': operator.index,
+              'abs': abs, 'neg': operator.neg, 'pos': operator.pos, 'round': round}
+for _name in ('lt', 'le', 'gt', 'ge', 'add', 'sub', 'mul', 'truediv', 'floordiv', 'mod', 'pow'):
+    OPERATIONS[_name] = getattr(operator, _name)
+    OPERATIONS['r' + _name] = lambda o, x, _operation=getattr(operator, _name): _operation(x, o)
 
 def serve(call):
     if 'op' in call:
@@ -80,8 +87,11 @@ for line in requests:
         except BaseException:
             answer = {'raise': ['Exception', '']}
     data = memoryview(dumps(answer).encode())
-    while data:
-        data = data[os.write(answers, data):]
+    try:
+        while data:
+            data = data[os.write(answers, data):]
+    except BrokenPipeError:  # the tests ended (their verdict is in): nothing is left to answer
+        break
 """
 SERVE_BOOTSTRAP = BOOTSTRAP_HEAD + BOOTSTRAP_SERVE_RUN + SERVE
 
@@ -154,6 +164,20 @@ class Remote:
     __setattr__ = lambda self, name, value: self._ask('setattr', name, value) and None
     __getitem__ = lambda self, key: self._ask('getitem', key)
     __iter__ = lambda self: iter(self._ask('list', result=list))
+    __contains__ = lambda self, item: self._ask('contains', item, result=bool)
+    __float__ = lambda self: self._ask('float', result=float)
+    __int__ = lambda self: self._ask('int', result=int)
+    __index__ = lambda self: self._ask('index', result=int)
+    __abs__ = lambda self: self._ask('abs')
+    __neg__ = lambda self: self._ask('neg')
+    __pos__ = lambda self: self._ask('pos')
+    __round__ = lambda self, *digits: self._ask('round', *digits)
+
+# Comparisons and arithmetic with a handle on either side: the program's own operators decide.
+for _name in ('lt', 'le', 'gt', 'ge', 'add', 'sub', 'mul', 'truediv', 'floordiv', 'mod', 'pow'):
+    setattr(Remote, f'__{_name}__', lambda self, other, _name=_name: self._ask(_name, other))
+    if _name not in ('lt', 'le', 'gt', 'ge'):
+        setattr(Remote, f'__r{_name}__', lambda self, other, _name=_name: self._ask('r' + _name, other))
 
 _REMOTE = Remote
 
@@ -168,7 +192,13 @@ try:
     verdict = {'passed': True}
 except BaseException as error:
     verdict = {'passed': False, 'stage': stage, 'error': f'{type(error).__name__}: {error}'[:2000]}
-os.write(verdict_fd, json.dumps(verdict).encode()[:4096])
+# One write of at most 4,096 bytes (PIPE_BUF: whole, into any pipe, never blocking); JSON's
+# escapes make a character up to 12 bytes, so the message is shortened, by characters, until it fits.
+data = json.dumps(verdict).encode()
+while len(data) > 4096 and verdict.get('error'):
+    verdict['error'] = verdict['error'][:len(verdict['error']) // 2]
+    data = json.dumps(verdict).encode()
+os.write(verdict_fd, data)
 """
 
 
@@ -189,25 +219,30 @@ def run_calls(program: str, job: TrustedTests, limits: SandboxLimits = SandboxLi
     request_r, request_w = os.pipe()
     answer_r, answer_w = os.pipe()
     verdict_r, verdict_w = os.pipe()
+    caps = None
     try:
-        checker = _start_checker(job, limits, request_w, answer_r, verdict_w)
+        caps = _CheckerLimits(limits, os.getpid())
+        checker = _start_checker(job, caps, request_w, answer_r, verdict_w)
     except BaseException:
         close_all((request_r, request_w, answer_r, answer_w, verdict_r, verdict_w))
+        if caps is not None:
+            caps.release()
         raise
     close_all((request_w, answer_r, verdict_w))
     try:
         result, _ = _run(program, limits, SERVE_BOOTSTRAP, extra_fds=(request_r, answer_w),
                          during=lambda deadline: _wait(checker, deadline))
-        verdict = _verdict(checker, verdict_r)
+        verdict = _verdict(checker, verdict_r, caps)
     finally:
         if checker.poll() is None:
             checker.kill()
             checker.wait()
         os.close(verdict_r)
+        caps.release()
     return _judged(result, verdict)
 
 
-def _start_checker(job: TrustedTests, limits: SandboxLimits, request_w: int, answer_r: int,
+def _start_checker(job: TrustedTests, caps: _CheckerLimits, request_w: int, answer_r: int,
                    verdict_w: int) -> subprocess.Popen:
     job_fd = os.memfd_create("job")
     try:
@@ -218,28 +253,69 @@ def _start_checker(job: TrustedTests, limits: SandboxLimits, request_w: int, ans
         args = [sys.executable, "-I", "-S", "-c", CHECKER, str(request_w), str(answer_r), str(verdict_w), str(MAX_ANSWER_BYTES)]
         try:
             return subprocess.Popen(args, stdin=job_fd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                    pass_fds=(request_w, answer_r, verdict_w), env={"PATH": "/usr/bin:/bin"},
-                                    cwd="/", start_new_session=True, preexec_fn=_CheckerLimits(limits, os.getpid()))
+                                    pass_fds=(request_w, answer_r, verdict_w), env=CHECKER_ENV,
+                                    cwd="/", start_new_session=True, preexec_fn=caps)
         except (OSError, subprocess.SubprocessError) as error:
             raise SandboxUnavailable(f"could not start the trusted test process: {error}") from error
     finally:
         os.close(job_fd)
 
 
+# The trusted checker's own limits (never more than the program's). Measured: HumanEval's
+# and MBPP's tests on their 664 canonical solutions take at most 0.06 s of CPU and 21 MiB
+# in the checker; honest answers near MAX_ANSWER_BYTES (a million ints, 480,000 pairs)
+# at most 1.0 s and 145 MiB, the tests' expected values built included.
+CHECKER_CPU_SECONDS = 2
+# One thread for numpy, if a numpy value makes the checker import it: a thread pool per core would
+# take address space from the checker's limit on a many-core machine.
+CHECKER_ENV = {"PATH": "/usr/bin:/bin", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+CHECKER_MEMORY_BYTES = 256 << 20
+CHECKER_PROCESSES = 4  # the checker forks nothing; a few for a test that would
+_CHECKER_NUMBERS = itertools.count()  # names its cgroup: unique among this evaluator's checkers
+
+
 class _CheckerLimits:
-    """The trusted side runs only benchmark code on plain data; still, it must
-    not outlive the evaluator nor grow without bound on a program's answers."""
+    """The trusted side runs only benchmark code on plain data, but how much it
+    decodes and what its tests do with it is the program's choice (a set of ints
+    of one hash is quadratic to build, a huge range expanded fills memory). It is
+    outside the program's cgroup, so it gets limits of its own, far below the
+    program's: a cgroup where one can be made (memory and processes of all it
+    runs), and always rlimits on CPU time and address space (so that an answer
+    too big to decode is a MemoryError in its verdict, not a kill). It must not
+    outlive the evaluator either. The object is also the preexec_fn that applies
+    them between fork and exec (raw system calls only)."""
 
     def __init__(self, limits: SandboxLimits, parent: int) -> None:
-        self.limits, self.parent = limits, parent
+        self.parent = parent
+        self.cpu_seconds = min(limits.cpu_seconds, CHECKER_CPU_SECONDS)
+        self.memory_bytes = min(limits.memory_bytes, CHECKER_MEMORY_BYTES)
+        cgroups = sandbox_host().cgroups
+        self.cgroup = None if cgroups is None else cgroups.create(
+            f"checker-{next(_CHECKER_NUMBERS)}", self.memory_bytes, CHECKER_PROCESSES)
+        self.cgroup_procs = self.cgroup.procs_files() if self.cgroup is not None else []
 
     def __call__(self) -> None:
-        cpu = self.limits.cpu_seconds
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_AS, (self.limits.memory_bytes, self.limits.memory_bytes))
+        join_cgroup(self.cgroup_procs)
+        resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_seconds, self.cpu_seconds + 1))
+        resource.setrlimit(resource.RLIMIT_AS, (self.memory_bytes, self.memory_bytes))
         LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != self.parent:
             os._exit(1)
+
+    def ended(self, returncode: int) -> str:
+        """Why the checker ended without a verdict, in words."""
+        if returncode == -signal.SIGXCPU:
+            return f"the test process went over its CPU limit ({self.cpu_seconds} s) on the program's answers"
+        if returncode == -signal.SIGKILL:
+            return (f"the test process was killed (over its memory limit of {self.memory_bytes >> 20} MiB or "
+                    f"its CPU limit of {self.cpu_seconds} s, or still running after the program ended)")
+        return f"the test process ended ({returncode})"
+
+    def release(self) -> None:
+        """Remove the cgroup (killing what still runs in it)."""
+        if self.cgroup is not None:
+            self.cgroup.destroy()
+            self.cgroup = None
 
 
 def _wait(checker: subprocess.Popen, deadline: float) -> bool:
@@ -250,7 +326,7 @@ def _wait(checker: subprocess.Popen, deadline: float) -> bool:
         return False
 
 
-def _verdict(checker: subprocess.Popen, verdict_r: int) -> dict:
+def _verdict(checker: subprocess.Popen, verdict_r: int, caps: _CheckerLimits) -> dict:
     """The checker's verdict; once the sandbox is gone the checker ends at once."""
     try:
         checker.wait(timeout=5)
@@ -260,7 +336,7 @@ def _verdict(checker: subprocess.Popen, verdict_r: int) -> dict:
     os.set_blocking(verdict_r, False)
     try:
         data = os.read(verdict_r, VERDICT_BYTES)
-        return json.loads(data) if data else {"passed": False, "error": f"the test process ended ({checker.returncode})"}
+        return json.loads(data) if data else {"passed": False, "error": caps.ended(checker.returncode)}
     except (BlockingIOError, ValueError):
         return {"passed": False, "error": "the test process left no verdict"}
 
@@ -271,6 +347,10 @@ def _judged(result: ExecutionResult, verdict: dict) -> ExecutionResult:
         result.containment += ", tests in a trusted process"
     if result.passed:
         result.status = "passed"
-    elif verdict.get("error"):
-        result.stderr += f"\ntests ({verdict.get('stage', 'tests')}): {verdict['error']}\n"
+    elif verdict.get("error"):  # it may quote the program's text: escaped as its output is
+        error = verdict["error"]
+        last_words = [line for line in result.stderr.splitlines() if line.strip()][-1:]
+        if error.startswith("ProgramEnded") and last_words:  # why it ended: a syntax error, an uncaught exception
+            error += f" (the program's stderr ends: {last_words[0].strip()[:300]})"
+        result.stderr += printable(f"\ntests ({verdict.get('stage', 'tests')}): {error}\n")
     return result

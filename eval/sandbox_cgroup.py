@@ -2,7 +2,8 @@
 program (every process it forks counts), where this machine lets us make one.
 
 Layout: `<parent>/headstart-sandbox-<evaluator pid>/<slot>`, one leaf per
-running program. cgroup v2: `<parent>` is the nearest ancestor of the
+running program, and `.../checker-<n>` per running trusted checker
+(eval/sandbox_calls.py). cgroup v2: `<parent>` is the nearest ancestor of the
 evaluator's own cgroup that delegates the memory and pids controllers (a leaf
 cannot sit under a cgroup that holds processes); cgroup v1 (hybrid hosts): the
 evaluator's own memory and pids cgroups. A cgroup of an evaluator that no
@@ -66,14 +67,15 @@ class CgroupParent:
         name = f"{PREFIX}{os.getpid() if pid is None else pid}"
         return [parent / name for parent in self.parents]
 
-    def create(self, slot: int, memory_bytes: int, max_pids: int, owner: int | None = None) -> Cgroup:
-        """A fresh leaf for one program of evaluator `owner` (us), its limits set."""
+    def create(self, name: int | str, memory_bytes: int, max_pids: int, owner: int | None = None) -> Cgroup:
+        """A fresh leaf `name` (a program's slot, or a trusted checker's name) of
+        evaluator `owner` (us), its limits set."""
         leaves = []
         for base in self.evaluator_dirs(owner):
             base.mkdir(exist_ok=True)
             if self.version == 2:
                 _write(base / "cgroup.subtree_control", " ".join(f"+{c}" for c in CONTROLLERS))
-            leaf = base / str(slot)
+            leaf = base / str(name)
             leaf.mkdir(exist_ok=True)
             leaves.append(leaf)
         cgroup = Cgroup(self.version, tuple(leaves))

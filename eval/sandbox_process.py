@@ -12,6 +12,7 @@ import platform
 import resource
 import select
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -209,6 +210,18 @@ def normalized(returncode: int) -> int:
     return -(returncode - 128) if 128 < returncode < 128 + signal.NSIG else returncode
 
 
+def status_channel() -> tuple[int, int]:
+    """(our end, the program's end) of the bootstrap's status channel: a socket pair,
+    not a pipe. A pipe's write end reopened through /proc/self/fd (possible where
+    the program runs under the evaluator's own uid) is a read end, from which the
+    program could drain the "started" record its bootstrap wrote before it ran,
+    and look like a sandbox that never started. A socket cannot be reopened
+    (ENXIO), and what its end sends is read only from ours, never in the sandbox."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.shutdown(socket.SHUT_WR)  # one way: nothing for the program to read on its end
+    return ours.detach(), theirs.detach()
+
+
 def read_channel(fd: int) -> bytes:
     os.set_blocking(fd, False)
     data = b""
@@ -223,5 +236,16 @@ def read_channel(fd: int) -> bytes:
     return data
 
 
+# C0 controls but tab and newline, DEL and C1 controls, as `\xNN`: program-chosen text
+# (a NUL, a terminal escape) must reach a terminal or a JSONL record as text, not as control bytes.
+_ESCAPED = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7f, 0xa0)) if chr(code) not in "\t\n"}
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters escaped, tab and newline kept."""
+    return text.translate(_ESCAPED)
+
+
 def read_capped(fd: int, limit: int) -> str:
-    return os.pread(fd, limit, 0).decode("utf-8", errors="replace")
+    """The first `limit` bytes of a program's output, as printable text."""
+    return printable(os.pread(fd, limit, 0).decode("utf-8", errors="replace"))

@@ -18,6 +18,7 @@ import pytest
 import eval.sandbox as sandbox
 from eval.benchmarks.mbpp import MBPP
 from eval.sandbox import SandboxLimits, run_many, run_tests
+from eval.sandbox_calls import TrustedTests, run_calls
 from eval.sandbox_cgroup import CgroupParent
 from eval.sandbox_cgroup import join as join_cgroup
 from eval.sandbox_host import Evaluator, UidRecords, sandbox_uid
@@ -67,6 +68,36 @@ def test_exit_zero_before_the_asserts_is_a_failure():
 def test_infinite_output_is_capped():
     result = run_tests("while True:\n    print('x' * 1000)\n", LIMITS)
     assert not result.passed and len(result.stdout) <= LIMITS.max_output_bytes
+
+
+def raw_controls(text: str) -> list[str]:
+    """The control characters in `text` but newline and tab (C0, DEL, C1)."""
+    return sorted({c for c in text if (ord(c) < 0x20 or 0x7f <= ord(c) < 0xa0) and c not in "\n\t"})
+
+
+def test_control_characters_of_the_program_reach_the_result_escaped():
+    clear_screen = "\0\x1b[2J\r\x9b"
+    result = run_tests(f"import sys\nprint({clear_screen!r})\nsys.stderr.write({clear_screen!r})\nassert False\n", LIMITS)
+    assert raw_controls(result.stdout) == raw_controls(result.stderr) == []
+    assert "\\x00\\x1b[2J\\x0d\\x9b" in result.stdout and "\\x00\\x1b[2J\\x0d\\x9b" in result.stderr
+    assert "AssertionError" in result.stderr and "\tx\n" in run_tests("print('\\tx')\n", LIMITS).stdout
+    # Quoted in the trusted tests' verdict: the message of an exception the program raised.
+    job = TrustedTests(prelude="", body="assert double(2) == 4\n", proxies=("double",))
+    called = run_calls(f"def double(x):\n    raise ValueError({clear_screen!r})\n", job, LIMITS)
+    assert not called.passed and raw_controls(called.stderr) == []
+    assert "ValueError: \\x00\\x1b[2J\\x0d\\x9b" in called.stderr
+
+
+def test_a_long_non_ascii_message_reaches_the_verdict():
+    # Each of these characters is 6 or 12 bytes once JSON escapes it: 2,000 of them are far
+    # over the 4,096 bytes of a verdict.
+    job = TrustedTests(prelude="", body="assert double(2) == 4, 'ü' * 3000\n", proxies=("double",))
+    asserted = run_calls("def double(x):\n    return 5\n", job, LIMITS)
+    assert not asserted.passed and "AssertionError: üüü" in asserted.stderr, asserted.stderr
+    job = TrustedTests(prelude="", body="assert double(2) == 4\n", proxies=("double",))
+    raised = run_calls("def double(x):\n    raise ValueError('😀' * 5000)\n", job, LIMITS)
+    assert not raised.passed and "ValueError: 😀😀😀" in raised.stderr, raised.stderr
+    assert "no verdict" not in asserted.stderr + raised.stderr
 
 
 @needs_root
@@ -370,6 +401,16 @@ def test_without_bubblewrap_no_program_runs(monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(sandbox.SandboxUnavailable, match="bubblewrap"):
         run_tests("assert True\n", LIMITS)
+
+
+def test_without_bubblewrap_an_evaluation_stops_naming_the_request(data_dir, monkeypatch):
+    from eval.runner import _scores
+    benchmark = MBPP(str(data_dir / "mbpp" / "mbpp.jsonl"), limits=LIMITS)
+    request = benchmark.load(limit=1)[0]
+    answer = "```python\ndef remove_Occ(s, ch):\n    return s\n```"
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(sandbox.SandboxUnavailable, match=f"^{request.request_id}: .* a rerun resumes there.*bubblewrap"):
+        _scores(benchmark, request, {"base_answer": answer, "stream_answer": answer})
 
 
 def test_the_evaluator_scores_hostile_answers_as_failures_and_carries_on(data_dir):

@@ -106,6 +106,78 @@ def test_a_program_exactly_at_the_file_size_cap_runs():
     assert not run_tests(program + "\n", limits).passed
 
 
+# The status channel ------------------------------------------------------------------
+
+# Reopens the bootstrap's status channel (argv[4] of the sandboxed interpreter) through
+# /proc/self/fd, reads what it holds ("started"), then exits 0 without completing: the
+# evaluator would find no record at all, as when the sandbox never started.
+DRAIN_THE_STATUS = """\
+import os
+channel = open('/proc/self/cmdline', 'rb').read().split(b'\\0')[4].decode()
+try:
+    reader = os.open(f'/proc/self/fd/{channel}', os.O_RDONLY | os.O_NONBLOCK)
+    print('drained', os.read(reader, 4096))
+except OSError as error:
+    print('refused', error.errno)
+raise SystemExit(0)
+"""
+
+
+@pytest.mark.parametrize("user", USERS)
+def test_a_program_that_drains_its_status_channel_fails_and_the_next_one_runs(user):
+    out = evaluator(f"""
+        import json
+        from eval.sandbox import SandboxLimits, run_tests
+        from eval.sandbox_calls import TrustedTests, run_calls
+        limits = SandboxLimits(cpu_seconds=2, wall_seconds=5)
+        job = TrustedTests(prelude="", body="assert double(2) == 4\\n", proxies=("double",))
+        double = "def double(x):\\n    return 2 * x\\n"
+        runs = [lambda: run_tests({DRAIN_THE_STATUS!r}, limits), lambda: run_tests("assert True\\n", limits),
+                lambda: run_calls({DRAIN_THE_STATUS!r} + double, job, limits), lambda: run_calls(double, job, limits)]
+        results = []
+        for run in runs:
+            try:
+                result = run()
+                results.append([result.status, result.stdout])
+            except Exception as error:  # what stopped every evaluation at this answer
+                results.append([type(error).__name__, str(error)])
+        print(json.dumps(results))
+        """, user)
+    assert [status for status, _ in out] == ["failed", "passed", "failed", "passed"], out
+    assert "drained" not in out[0][1] + out[2][1], out  # the channel cannot be reopened at all
+
+
+# The trusted checker's own limits ----------------------------------------------------
+
+# Answers that cost the program little and the checker much, once its tests use them:
+# 150,000 ints of equal hash (a set of them is quadratic to build), and a range of 20
+# million items the tests expand (about 800 MiB of ints).
+COSTLY_ANSWERS = {
+    "cpu": ("def f(x):\n    return [k * (2 ** 61 - 1) for k in range(1, 150_001)]\n", "assert len(set(f(2))) == 1\n"),
+    "memory": ("def f(x):\n    return range(2 * 10 ** 7)\n", "assert list(f(2)) == [0]\n"),
+}
+
+
+@pytest.mark.parametrize("user", USERS)
+@pytest.mark.parametrize("attack", COSTLY_ANSWERS)
+def test_answers_that_make_the_checker_work_hard_fail_within_its_own_limits(attack, user):
+    program, body = COSTLY_ANSWERS[attack]
+    out = evaluator(f"""
+        import json, resource
+        from eval.sandbox import SandboxLimits
+        from eval.sandbox_calls import TrustedTests, run_calls
+        limits = SandboxLimits(cpu_seconds=6, wall_seconds=15, memory_bytes=1 << 30)
+        result = run_calls({program!r}, TrustedTests(prelude="", body={body!r}, proxies=("f",)), limits)
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)  # the checker's, the program's and bwrap's
+        print(json.dumps({{"status": result.status, "stderr": result.stderr, "cpu": used.ru_utime + used.ru_stime,
+                          "peak_mib": used.ru_maxrss / 1024}}))
+        """, user)
+    assert out["status"] == "failed", out
+    # Under the program's limits (6 s, 1 GiB), the checker used to take as much again.
+    assert out["cpu"] < 4 and out["peak_mib"] < 320, out
+    assert "CPU limit" in out["stderr"] if attack == "cpu" else "MemoryError" in out["stderr"], out
+
+
 # Zombies -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("user", USERS)

@@ -40,9 +40,20 @@ def streamable(requests: list[Request]) -> list[Request]:
 
 
 def execution_score(result: ExecutionResult) -> Score:
-    """The score of an executed program: pass or fail, its status, its containment."""
-    return Score(value=float(result.passed), passed=result.passed, detail=result.status,
+    """The score of an executed program: pass or fail, its status (with why it failed), its containment."""
+    return Score(value=float(result.passed), passed=result.passed, detail=status_detail(result),
                  containment=result.containment)
+
+
+def status_detail(result: ExecutionResult) -> str:
+    """The status; for a failure, the run's most telling line too: the trusted tests' error where
+    they reported one, else the last line of the program's stderr (already escaped)."""
+    if result.passed:
+        return result.status
+    lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+    tests = [line for line in lines if line.startswith("tests (")]
+    telling = (tests or lines)[-1:]
+    return f"{result.status}: {telling[0][:300]}" if telling else result.status
 
 
 class Benchmark(Protocol):
