@@ -230,7 +230,7 @@ def written_cases(folder: Path = PROGRAMS_DIR) -> list[Case]:
 
 
 def select_cases(categories: list[str], benchmarks: list[str], sample: int | None, seed: int,
-                 model_answers: Path | None) -> list[Case]:
+                 model_answers: Path | None, programs: Path = PROGRAMS_DIR) -> list[Case]:
     """The cases the command line asks for, canonical and recorded ones sampled per benchmark."""
     cases: list[Case] = []
     for benchmark in benchmarks:
@@ -238,7 +238,8 @@ def select_cases(categories: list[str], benchmarks: list[str], sample: int | Non
             cases += canonical_cases(benchmark, sample, seed)
         if "model" in categories and model_answers is not None:
             cases += model_cases(model_answers, benchmark, sample, seed)
-    return cases + [case for case in written_cases() if case.category in categories and case.benchmark in benchmarks]
+    written = written_cases(programs)
+    return cases + [case for case in written if case.category in categories and case.benchmark in benchmarks]
 
 
 # The official reference ----------------------------------------------------------------------
@@ -436,11 +437,13 @@ def main() -> None:
     parser.add_argument("--model-answers", type=Path, default=None,
                         help="results.jsonl of a `python -m eval` run: its answers are the model category")
     parser.add_argument("--json", type=Path, default=None, help="write every case's outcome here")
+    parser.add_argument("--programs", type=Path, default=PROGRAMS_DIR,
+                        help="the folder of written cases (default benchmarks/scoring_programs; a held-out set elsewhere)")
     args = parser.parse_args()
     if "model" in args.category and args.model_answers is None:
         print("model: no recorded HumanEval or MBPP answers are vendored in this repository; "
               "pass --model-answers results.jsonl to score a run's answers", file=sys.stderr)
-    cases = select_cases(args.category, args.benchmark, args.sample, args.seed, args.model_answers)
+    cases = select_cases(args.category, args.benchmark, args.sample, args.seed, args.model_answers, args.programs)
     start = time.perf_counter()
     try:
         outcomes = run_cases(cases, ProjectScorer(args.benchmark, args.cpu_seconds), args.timeout)
