@@ -80,6 +80,8 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m eval recipe=humaneval_smollm2 dtype=bfloat16 limit=10 decode.max_new_tokens=64 decode.lookup_match=longest "
     "decode.lookup_tree=8": RunCheap(CHECK_ONLY),
     "python benchmarks/bench_tree_mask.py --repeats 100": HelpHas(),
+    "python benchmarks/bench_scoring.py --category unusual-correct subtly-wrong --programs "
+    "benchmarks/scoring_programs_heldout": HelpHas(),
     "python benchmarks/bench_scoring.py --json outputs/scoring.json":
         Elsewhere("tests/test_scoring_agreement.py::test_the_project_gives_the_official_verdict"),
     "python benchmarks/bench_tree_mask.py --repeats 100 --module eval.engines.ar": HelpHas(),
