@@ -182,3 +182,19 @@ def test_a_count_mode_run_whose_drafter_disagrees_says_its_counts_are_not_exact(
     summary = run_evaluation(config)
     assert summary["counted"] == 2 and summary["drafter_compared"] == 2 and summary["drafter_agreement"] < 1
     assert "the 2 counted requests rest on that agreement, so their counts are not exact" in capsys.readouterr().err
+
+
+def test_the_warm_up_runs_a_prefill_and_a_one_token_step_uncounted(tiny_qwen3_dir):
+    """Wall clock is measured on a warm model: the kernels of a one-token step, not only a prefill's,
+    have run before the first timed baseline; no forward of it is counted."""
+    loaded = load_model(str(tiny_qwen3_dir), device="cpu")
+    timed = evaluator(loaded, DecodeSpec(max_new_tokens=4))
+    widths = []
+    hook = loaded.model.register_forward_pre_hook(lambda _m, _a, kwargs: widths.append(kwargs["input_ids"].shape[1]),
+                                                  with_kwargs=True)
+    try:
+        request = get_benchmark("humaneval").load(limit=1)[0]
+        timed.warm_up(request)
+    finally:
+        hook.remove()
+    assert widths == [len(timed.prompts(request)[-1]), 1] and not timed.engine.forwards
