@@ -206,7 +206,7 @@ def benchmark_of(request_id: str) -> str:
 
 def read_program_file(path: Path) -> Case:
     """One written case: `# key: value` header lines (request, category, expected: pass|fail,
-    optional forgery: yes, about), a line `---`, then the answer text verbatim."""
+    optional forgery: yes or deliberate: yes, both a fail by design; about), a line `---`, then the answer text verbatim."""
     text = path.read_text()
     header, separator, answer = text.partition("\n---\n")
     if not separator:
@@ -220,7 +220,7 @@ def read_program_file(path: Path) -> Case:
     if fields.get("category") not in CATEGORIES or fields.get("expected") not in ("pass", "fail"):
         raise ValueError(f"{path}: category must be one of {CATEGORIES} and expected pass or fail")
     return Case(benchmark_of(fields["request"]), fields["request"], path.stem, fields["category"], answer,
-                expected=fields["expected"] == "pass", forgery=fields.get("forgery") == "yes",
+                expected=fields["expected"] == "pass", forgery="yes" in (fields.get("forgery"), fields.get("deliberate")),
                 about=fields.get("about", ""))
 
 

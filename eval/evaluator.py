@@ -212,8 +212,8 @@ def warn_on_disagreement(request: Request, drafting: Drafting, baseline: UpdateR
     if drafting.answer is not None and drafting.answer != baseline.answer:
         departs = common_prefix_length(drafting.answer, baseline.answer)
         tqdm.write(f"warning: request {request.request_id}: the drafter's answer to S_n differs from the batch-1 greedy "
-                   f"baseline from token {departs} on ({len(drafting.answer)} vs {len(baseline.answer)} tokens); counted "
-                   "requests assume they agree", file=sys.stderr)
+                   f"baseline from token {departs} on ({len(drafting.answer)} vs {len(baseline.answer)} tokens); count "
+                   "mode's counted requests assume they agree", file=sys.stderr)
 
 
 def build_drafter(loaded: LoadedModel, config: EvalConfig, eos: set[int], needed_len: int | None = None) -> Drafter:

@@ -52,7 +52,7 @@ ends the process at a trace or profile hook, a change of a function's `__code__`
 program's own process: writing the record once it finds the channel, answers whose
 `__eq__` always says True, patching what the tests call (builtins, libraries),
 ctypes. `eval.sandbox_calls.run_calls` runs the tests in a trusted process instead
-(HumanEval, MBPP): the program only answers calls, with plain data.
+(HumanEval, MBPP): the program only answers calls (eval/sandbox_codec.py says what crosses).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 `BOOTSTRAP` runs as `python -I -c` in the program's own process (eval/sandbox.py
 launches it under bwrap): it closes what it inherited, caps the process count,
-reports over a pipe only the evaluator reads that the program started and that
-its code returned. `BOOTSTRAP_HEAD` and `BOOTSTRAP_RUN` are also the frame of the
+reports over a socket only the evaluator reads that the program started and that
+its code returned. `BOOTSTRAP_HEAD` and `BOOTSTRAP_SERVE_RUN` are the frame of the
 call server of eval/sandbox_calls.py, which runs the tests in a trusted process.
 """
 

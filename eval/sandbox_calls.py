@@ -4,12 +4,14 @@
 code runs and then serves calls of its functions, and a checker, a plain Python
 process of ours that runs the benchmark's own test code with each of the
 program's functions replaced by a proxy. A proxy sends the call's arguments to
-the sandbox and returns what comes back, as plain data (eval/sandbox_codec.py):
-the checker never sees model-written code or an object of the program's, only
-values of builtin types, so nothing the program does in its own process (a
-patched bootstrap, asserts compiled away, a trace hook, an `__eq__` that always
-says True) can touch the verdict. The verdict is the checker's: its test code ran
-to the end without an exception.
+the sandbox and returns what comes back, with its type (eval/sandbox_codec.py):
+the checker never runs model-written code, and builds only builtin, standard-library
+and numpy values; an object of the program's own class stays in the sandbox, and the
+checker holds a stand-in (`Remote`) whose every operation is a question to the
+program, a comparison with a plain value checked against a decoy. So what the
+program does in its own process (a patched bootstrap, asserts compiled away, a
+trace hook, an `__eq__` that always says True) cannot touch the verdict. The
+verdict is the checker's: its test code ran to the end without an exception.
 
 Costs: one more Python process per program (the checker), and one round trip
 through two pipes per call (benchmarks/bench_sandbox.py measures both).
@@ -129,7 +131,8 @@ def ask(message, name):
         raise NotPlainData(f'{name} returned what is not plain data: {str(answer["unplain"])[:200]}')
     kind, message = answer.get('raise', ('', ''))
     error = getattr(builtins, kind, None) if type(kind) is str else None
-    if isinstance(error, type) and issubclass(error, Exception) and error.__module__ == 'builtins':
+    if isinstance(error, type) and issubclass(error, Exception) and error.__module__ == 'builtins' and \
+            not issubclass(error, (StopIteration, StopAsyncIteration)):  # those would end a trusted loop silently
         raise error(str(message))
     raise RuntimeError(f'{name} raised {str(kind)[:100]}: {str(message)[:1000]}')
 
@@ -139,8 +142,38 @@ def proxy(name):
     candidate.__name__ = candidate.__qualname__ = name
     return candidate
 
+# A handle compared with a plain value: the program's own operator decides, as officially, but it
+# sees the value, so it is also asked about a decoy of the same type that differs (or, for an
+# ordering, lies beyond every value), in random order: an object that says yes to both says yes to
+# anything, and fails (an __eq__ that always says True, or True for every builtin value).
+import math, random
+_RANDOM = random.SystemRandom()
+
+def _decoy(operation, value):
+    nonce = _RANDOM.randrange(1, 1 << 30)
+    kind = type(value)
+    if operation in ('lt', 'le', 'gt', 'ge'):
+        low = operation in ('lt', 'le')
+        if kind in (int, float):
+            return -math.inf if low else math.inf
+        return ('' if low else chr(0x10FFFF) * 64) if kind is str else None
+    if kind is bool:
+        return not value
+    if kind is int or (kind is float and math.isfinite(value)):
+        return value + nonce * (1 + abs(value))
+    if kind is str or kind is bytes:
+        return value + (chr(33 + nonce % 94) * 2 if kind is str else bytes([nonce % 256]) * 2)
+    if kind is list or kind is tuple:
+        return value + kind([nonce])
+    if kind is set or kind is frozenset:
+        return value | {nonce}
+    if kind is dict:
+        return {**value, ('decoy', nonce): nonce}
+    return nonce
+
 class Remote:
-    # An object of the program's, kept in its process: every operation is asked of the program.
+    # An object of the program's, kept in its process: every operation is asked of the program; a
+    # comparison with a plain value is checked against a decoy (_compare).
     __slots__ = ('_index', '_kind')
 
     def __init__(self, index, kind):
@@ -153,14 +186,35 @@ class Remote:
             raise NotPlainData(f'{self._kind}.{operation} gave a {type(answer).__name__}, not a {result.__name__}')
         return answer
 
-    __eq__ = lambda self, other: self._ask('eq', other, result=bool)
-    __ne__ = lambda self, other: self._ask('ne', other, result=bool)
+    def _compare(self, operation, other):
+        decoy = _decoy(operation, other) if type(other) is not Remote else None
+        if decoy is None:  # two of the program's objects, or an ordering with no decoy: its own operator
+            return self._ask(operation, other, result=bool)
+        asked = [other, decoy] if _RANDOM.random() < 0.5 else [decoy, other]
+        answers = {id(value): self._ask(operation, value, result=bool) for value in asked}
+        says_yes_to_decoy = answers[id(decoy)] if operation != 'ne' else not answers[id(decoy)]
+        if says_yes_to_decoy and (answers[id(other)] if operation != 'ne' else not answers[id(other)]):
+            raise NotPlainData(f'an object of {self._kind} that compares {operation} with anything')
+        return answers[id(other)]
+
+    def __getattr__(self, name):
+        if name.startswith('__') or name in ('_index', '_kind'):  # protocols (copy, pickle) and our own slots
+            raise AttributeError(name)
+        return self._ask('getattr', name)
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    __eq__ = lambda self, other: self._compare('eq', other)
+    __ne__ = lambda self, other: self._compare('ne', other)
     __hash__ = lambda self: self._ask('hash', result=int)
     __repr__ = lambda self: self._ask('repr', result=str)
     __str__ = lambda self: self._ask('str', result=str)
     __bool__ = lambda self: self._ask('bool', result=bool)
     __len__ = lambda self: self._ask('len', result=int)
-    __getattr__ = lambda self, name: self._ask('getattr', name)
     __setattr__ = lambda self, name, value: self._ask('setattr', name, value) and None
     __getitem__ = lambda self, key: self._ask('getitem', key)
     __iter__ = lambda self: iter(self._ask('list', result=list))
@@ -173,11 +227,12 @@ class Remote:
     __pos__ = lambda self: self._ask('pos')
     __round__ = lambda self, *digits: self._ask('round', *digits)
 
-# Comparisons and arithmetic with a handle on either side: the program's own operators decide.
-for _name in ('lt', 'le', 'gt', 'ge', 'add', 'sub', 'mul', 'truediv', 'floordiv', 'mod', 'pow'):
+# Orderings as comparisons (_compare); arithmetic with a handle on either side: the program's own operators.
+for _name in ('lt', 'le', 'gt', 'ge'):
+    setattr(Remote, f'__{_name}__', lambda self, other, _name=_name: self._compare(_name, other))
+for _name in ('add', 'sub', 'mul', 'truediv', 'floordiv', 'mod', 'pow'):
     setattr(Remote, f'__{_name}__', lambda self, other, _name=_name: self._ask(_name, other))
-    if _name not in ('lt', 'le', 'gt', 'ge'):
-        setattr(Remote, f'__r{_name}__', lambda self, other, _name=_name: self._ask('r' + _name, other))
+    setattr(Remote, f'__r{_name}__', lambda self, other, _name=_name: self._ask('r' + _name, other))
 
 _REMOTE = Remote
 
@@ -275,7 +330,7 @@ _CHECKER_NUMBERS = itertools.count()  # names its cgroup: unique among this eval
 
 
 class _CheckerLimits:
-    """The trusted side runs only benchmark code on plain data, but how much it
+    """The trusted side runs only benchmark code on decoded values, but how much it
     decodes and what its tests do with it is the program's choice (a set of ints
     of one hash is quadratic to build, a huge range expanded fills memory). It is
     outside the program's cgroup, so it gets limits of its own, far below the

@@ -17,14 +17,17 @@ that always says True) ever reaches the tests.
 The program's side first reduces an answer to those types (`plain`): a subclass of
 a builtin type (a namedtuple, an IntEnum or a str-based Enum member) becomes its base
 type by the base type's own conversion, never the subclass's override (a str Enum's
-`__str__` would change its text). Any other object (of the program's own class) stays in
-the program's process and crosses as a handle: the call server (eval/sandbox_calls.py) keeps
-it, the trusted side holds a stand-in that asks the program to compare it, read or set its
-attributes, and sends the handle back when the tests pass it on (`_HANDLES` on the program's
+`__str__` would change its text); a UserList, UserDict or UserString as the list, dict or str
+it wraps. Any other object (of the program's own class) stays in the program's process and
+crosses as a handle: the call server (eval/sandbox_calls.py) keeps it, the trusted side holds a
+stand-in that asks the program for its attributes, arithmetic and conversions and sends the
+handle back when the tests pass it on; a comparison with a plain value is the object's own,
+checked against a decoy of that value's type (eval/sandbox_calls.py) (`_HANDLES` on the program's
 side, `_REMOTE` the stand-in's class on the trusted side; neither set here: nothing but
 plain values crosses). Deliberate differences from the official harnesses: a namedtuple
 arrives as a tuple and an Enum member as its value (they compare equal to those officially
-too), and an object that says it equals anything (an `__eq__` that always says True) fails.
+too); an object that says it equals (or orders before) a decoy as well as the value it is
+compared with fails: officially an `__eq__` that always says True passes.
 
 This file is also executed as source text inside the sandbox (the program's side)
 and in the trusted checker: standard library only (numpy imported only when a numpy
@@ -49,8 +52,10 @@ _MAPPINGS = {collections.OrderedDict: "odict", collections.Counter: "counter", c
 _ARRAY_CODES = frozenset("bBuhHiIlLqQfd")
 _NUMPY_KINDS = frozenset("biufcUS")  # booleans, integers, floats, complex, text, bytes: never objects
 # A subclass of a builtin type becomes its base by the base type's own conversion.
-_BASE_CONVERSIONS = ((int, int.__index__), (float, float.__float__), (str, str.__str__), (bytes, bytes.__bytes__),
-                     (complex, complex.__complex__))
+# (bytes.__bytes__ and complex.__complex__ exist from Python 3.11: slicing and the parts do on 3.10.)
+_BASE_CONVERSIONS = ((int, int.__index__), (float, float.__float__), (str, str.__str__),
+                     (bytes, lambda value: bytes.__getitem__(value, slice(None))),
+                     (complex, lambda value: complex(complex.real.__get__(value), complex.imag.__get__(value))))
 _HANDLES = None  # the program's side of a call server: the objects sent as handles, by index
 _HANDLE_INDEX = {}  # id of an object sent -> its index (the same object, the same handle)
 _REMOTE = None  # the trusted side of a call server: the class of a handle's stand-in
@@ -129,9 +134,11 @@ def _handle_to_wire(value, kind):
 
 def _numpy_to_wire(value, kind, depth):
     numpy = sys.modules["numpy"]
-    if not isinstance(value, (numpy.ndarray, numpy.generic)) or value.dtype.kind not in _NUMPY_KINDS:
+    if not isinstance(value, (numpy.ndarray, numpy.generic)) or value.dtype.kind not in _NUMPY_KINDS \
+            or value.dtype in (numpy.longdouble, numpy.clongdouble):  # their .item() is numpy's own again
         raise NotPlainData(f"a {kind.__module__}.{kind.__qualname__} of {getattr(value, 'dtype', '?')} is not plain data")
-    if kind is numpy.ndarray:
+    if isinstance(value, numpy.ndarray):  # a subclass (matrix, memmap) as the array it holds
+        value = numpy.asarray(value)
         flat = [to_wire(item, depth) for item in value.ravel().tolist()]
         return _tagged("ndarray", [value.dtype.str, list(value.shape), flat])
     return _tagged("npscalar", [value.dtype.str, to_wire(value.item(), depth)])
@@ -290,6 +297,9 @@ def _plain_subclass(value, kind, depth):
     for base in (list, tuple, set, frozenset):
         if isinstance(value, base):
             return base(plain(item, depth + 1) for item in base.__iter__(value))
+    for wrapper, base in ((collections.UserList, list), (collections.UserDict, dict), (collections.UserString, str)):
+        if isinstance(value, wrapper):  # equal to its base type's value officially: arrives as that value
+            return plain(base(value.data), depth + 1)
     if hasattr(kind, "__next__") and hasattr(kind, "__iter__"):
         items = []
         for item in value:

@@ -110,10 +110,11 @@ def _against_lookup_baseline(records: list[dict[str, Any]]) -> dict[str, Any]:
         "forwards_lookup_base_median": statistics.median(r["lookup_baseline_forwards"] for r in records),
         "speedup_lookup_forwards_mean": _mean(forwards),
         "speedup_lookup_forwards_median": statistics.median(forwards),
-        # Compared where both were decoded (count mode's counted records hold D_n for both: None).
-        "lookup_baseline_identical": _mean(r["lookup_baseline_identical"] for r in records
-                                           if r["lookup_baseline_identical"] is not None),
     }
+    # Compared where both were decoded (count mode's counted records hold D_n for both: None).
+    compared = [r["lookup_baseline_identical"] for r in records if r["lookup_baseline_identical"] is not None]
+    if compared:
+        summary["lookup_baseline_identical"] = _mean(compared)
     if wall:
         summary.update(speedup_lookup_wall_mean=_mean(wall), speedup_lookup_wall_median=statistics.median(wall))
     return summary
