@@ -188,7 +188,9 @@ class Remote:
 
     def _compare(self, operation, other):
         decoy = _decoy(operation, other) if type(other) is not Remote else None
-        if decoy is None:  # two of the program's objects, or an ordering with no decoy: its own operator
+        # Two of the program's objects, or an ordering with no decoy: its own operator, checked only by the
+        # call server's stranger probe (`honest`), which runs in the program's process: a documented limit.
+        if decoy is None:
             return self._ask(operation, other, result=bool)
         asked = [other, decoy] if _RANDOM.random() < 0.5 else [decoy, other]
         answers = {id(value): self._ask(operation, value, result=bool) for value in asked}
