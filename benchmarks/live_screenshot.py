@@ -1,9 +1,10 @@
 """`python benchmarks/live_screenshot.py`: type a benchmark request into the live page, press Enter,
 and save what the page shows (the README's picture).
 
-The live page runs in this process on a background thread (as `python -m eval.live` serves
-it); the system Chromium, driven by Selenium, types the request at a set speed. Needs the
-`dev` extra (selenium) and the system packages chromium and chromium-driver.
+The live page runs in this process on a background thread, on eval.serve's server (as
+`python -m eval.live` serves it: vLLM, so the vLLM environment is needed); the system Chromium,
+driven by Selenium, types the request at a set speed. Needs the `dev` extra (selenium) and the
+system packages chromium and chromium-driver.
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ use_checkout()  # the checkout's eval, train and data_builders: not installed (h
 
 from eval.benchmarks import get_benchmark  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
-from eval.live import LiveConfig, LiveModel, build_app  # noqa: E402
+from eval.live import LiveConfig  # noqa: E402
+from eval.serve import start_server  # noqa: E402
 from headstart.config import run_cli  # noqa: E402
-from headstart.models import load_model  # noqa: E402
 
 
 @dataclass
@@ -50,12 +51,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(live: LiveModel) -> Iterator[str]:
-    """The page of `live` on a free local port, served from a background thread; its URL."""
+def serving(app: Any) -> Iterator[str]:
+    """The app (eval.serve's, the live page at `/`) on a free local port, served from a background thread; its URL."""
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(live), host="127.0.0.1", port=port, log_level="warning",
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            ws_ping_timeout=None))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -120,23 +121,26 @@ def take_screenshot(config: ScreenshotConfig) -> None:
     if config.request >= len(requests):
         raise ValueError(f"{config.benchmark} has {len(requests)} streamable requests; request={config.request} is past them")
     request = requests[config.request]
-    live = LiveModel(load_model(config.model), LiveConfig(model=config.model, decode=config.decode))
-    with serving(live) as url, chromium() as driver:
-        driver.get(url)
-        wait = WebDriverWait(driver, config.timeout)
-        wait.until(lambda d: page_text(d, "status") == "ready")
-        print(f"typing {request.request_id} ({len(request.text)} characters) at {config.cpm:g} cpm", flush=True)
-        type_into(driver, "request", request.text, config.cpm)
-        driver.find_element(By.ID, "enter").click()
-        wait.until(lambda d: page_text(d, "status") in ("answered", "disconnected") or page_text(d, "error"))
-        if page_text(driver, "status") != "answered":
-            raise RuntimeError(f"the page did not answer: status {page_text(driver, 'status')!r}, "
-                               f"error {page_text(driver, 'error')!r}")
-        Path(config.output).parent.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(config.output)
-        print(page_text(driver, "answer-stats"))
-        print(page_text(driver, "skipped") or "no update skipped")
-        print(f"screenshot: {config.output}")
+    server = start_server(LiveConfig(model=config.model, decode=config.decode))
+    try:
+        with serving(server.app) as url, chromium() as driver:
+            driver.get(url)
+            wait = WebDriverWait(driver, config.timeout)
+            wait.until(lambda d: page_text(d, "status") == "ready")
+            print(f"typing {request.request_id} ({len(request.text)} characters) at {config.cpm:g} cpm", flush=True)
+            type_into(driver, "request", request.text, config.cpm)
+            driver.find_element(By.ID, "enter").click()
+            wait.until(lambda d: page_text(d, "status") in ("answered", "disconnected") or page_text(d, "error"))
+            if page_text(driver, "status") != "answered":
+                raise RuntimeError(f"the page did not answer: status {page_text(driver, 'status')!r}, "
+                                   f"error {page_text(driver, 'error')!r}")
+            Path(config.output).parent.mkdir(parents=True, exist_ok=True)
+            driver.save_screenshot(config.output)
+            print(page_text(driver, "answer-stats"))
+            print(page_text(driver, "skipped") or "no draft went stale")
+            print(f"screenshot: {config.output}")
+    finally:
+        server.engine.close()
 
 
 def main(argv: list[str] | None = None) -> int:

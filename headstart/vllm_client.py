@@ -127,21 +127,7 @@ class VLLMEngines:
             raise
 
     def _start(self, rank: int, llm: dict, gpus: int) -> subprocess.Popen:
-        env = dict(os.environ)
-        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-        if gpus:  # this engine's slice of the GPUs this process may use (a Slurm or MIG allocation)
-            visible = env.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))).split(",")
-            size = self.settings.tensor_parallel_size
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[rank * size : (rank + 1) * size])
-        worker_env = {"VLLM_CPU_KVCACHE_SPACE": self.settings.cpu_kv_cache_gib,
-                      "VLLM_CPU_OMP_THREADS_BIND": self.settings.cpu_threads_bind,
-                      "VLLM_ENABLE_V1_MULTIPROCESSING": 0}  # the engine core in the worker (engine_args)
-        process = subprocess.Popen(
-            [str(vllm_python(self.settings)), str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=env, text=True, encoding="utf-8", start_new_session=True,  # close() can stop vLLM's engine process too
-        )
-        self._write(process, {"llm": llm, "env": {} if gpus else worker_env})
-        return process
+        return start_worker([str(vllm_python(self.settings)), str(WORKER)], self.settings, {"llm": llm}, gpus, rank)
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int], stop_token_ids: set[int]) -> list[list[int]]:
         """Greedy answers, each ending at its first stop token (kept) or at its budget: what
@@ -211,6 +197,30 @@ class VLLMEngines:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def start_worker(command: list[str], settings: VLLMSettings, first_line: dict, gpus: int, rank: int = 0,
+                 env: dict | None = None) -> subprocess.Popen:
+    """A vLLM worker process (`command`, in the vLLM environment) on engine `rank`'s slice of the GPUs this
+    process may use (a Slurm or MIG allocation), or on the CPU when `gpus` is 0; `first_line` (its
+    settings) is written to it, with `env` and, on the CPU, the CPU engine's variables set before vLLM loads."""
+    process_env = dict(os.environ)
+    process_env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if gpus:
+        visible = process_env.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(gpus)))).split(",")
+        size = settings.tensor_parallel_size
+        process_env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[rank * size : (rank + 1) * size])
+    worker_env = dict(env or {})
+    if not gpus:
+        worker_env |= {"VLLM_CPU_KVCACHE_SPACE": settings.cpu_kv_cache_gib,
+                       "VLLM_CPU_OMP_THREADS_BIND": settings.cpu_threads_bind,
+                       "VLLM_ENABLE_V1_MULTIPROCESSING": 0}  # the engine core in the worker (engine_args)
+    process = subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=process_env, text=True, encoding="utf-8",
+        start_new_session=True,  # closing it can stop vLLM's engine process too
+    )
+    VLLMEngines._write(process, first_line | {"env": worker_env})
+    return process
 
 
 def engine_args(model: VLLMModel, settings: VLLMSettings, dtype: str, needed_model_len: int | None,

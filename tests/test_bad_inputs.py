@@ -91,6 +91,12 @@ def live_main(argv):
     return main(argv)
 
 
+def serve_main(argv):
+    from eval.serve import main
+
+    return main(argv)
+
+
 def before_after_main(argv):
     from eval.before_after import main
 
@@ -133,6 +139,13 @@ CASES = {
     "live port out of range": (live_main, lambda b, t: ["port=99999"], ["port=99999", "1-65535"]),
     "live system_prompt typo": (live_main, lambda b, t: ["system_prompt=bogus"], ["system message setting 'bogus'"]),
     "live dtype typo": (live_main, lambda b, t: ["dtype=floot32"], ["dtype='floot32'"]),
+    # python -m eval.serve
+    "serve token tree": (serve_main, lambda b, t: ["decode.lookup_match=longest", "decode.lookup_tree=4"],
+                         ["one chain of proposed tokens", "lookup_tree must be 1"]),
+    "serve speculative_tokens=0": (serve_main, lambda b, t: ["speculative_tokens=0"], ["speculative_tokens", ">= 1"]),
+    "serve model without weights": (serve_main, lambda b, t: [f"model={b['no_weights']}"], ["no_weights", "holds no weights"]),
+    "serve model too short for max_model_len": (serve_main, lambda b, t: [], ["needs 4096 tokens", "2048 positions"]),
+    "serve adapter not an adapter": (serve_main, lambda b, t: [f"adapter={t}"], ["adapter", "adapter_config.json"]),
     # train/sft.py
     "train lora.r=0": (sft_here, lambda b, t: ["lora.r=0"], ["lora.r must be >= 1"]),
     "train negative learning rate": (sft_here, lambda b, t: ["training.learning_rate=-1e-4"],
@@ -163,7 +176,7 @@ def base_arguments(main, broken: dict[str, Path], tmp_path: Path) -> list[str]:
         return ["recipe=humaneval_smollm2", f"model={broken['model']}", "limit=1", f"output_dir={tmp_path / 'eval'}"]
     if main is before_after_main:
         return [f"model={broken['model']}", "limit=1", f"output_dir={tmp_path / 'before_after'}"]
-    if main is live_main:
+    if main in (live_main, serve_main):
         return [f"model={broken['model']}", "device=cpu", f"port={free_port()}"]
     if main is sft_here:
         data = tmp_path / "train.jsonl"

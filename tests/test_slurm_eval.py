@@ -76,3 +76,42 @@ def test_a_failed_shard_cancels_the_merge_job(tmp_path, tiny_qwen3_dir):
     assert "not found" in (tmp_path / "task-0.out").read_text()
     # The merge job was cancelled, never run (sbatch --wait alone would have exited 0), and said so.
     assert "ended CANCELLED, not COMPLETED" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_serving_job_answers_over_http_until_cancelled(tmp_path):
+    """slurm/serve.sbatch on a node of the local cluster: the log names the address, the OpenAI route
+    answers (vLLM on the CPU, the embedded SmolLM2), scancel ends it."""
+    import socket
+    import time
+
+    import httpx
+
+    from headstart.vllm_client import vllm_unavailable
+
+    if vllm_unavailable():
+        pytest.skip(f"vLLM not testable: {vllm_unavailable()}")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = tmp_path / "serve.out"
+    job = subprocess.run(["sbatch", "--parsable", "--gpus-per-node=0", "--cpus-per-task=1", "--oversubscribe",
+                          f"--output={log}", "slurm/serve.sbatch", f"port={port}", "decode.max_new_tokens=16",
+                          "vllm.cpu_kv_cache_gib=1"], cwd=REPO, env=slurm_env(), capture_output=True, text=True,
+                         check=True).stdout.strip().split(";")[0]
+    try:
+        deadline, reply = time.monotonic() + 600, None
+        while time.monotonic() < deadline:
+            text = log.read_text() if log.is_file() else ""
+            match = re.search(r"serving on http://([^:]+):(\d+)/v1", text)
+            if match:
+                try:
+                    reply = httpx.post(f"http://127.0.0.1:{match.group(2)}/v1/chat/completions", timeout=60,
+                                       json={"messages": [{"role": "user", "content": "Add two numbers in Python."}]})
+                    break
+                except httpx.HTTPError:
+                    pass
+            time.sleep(2)
+        assert reply is not None and reply.status_code == 200, log.read_text()
+        assert len(reply.json()["headstart"]["token_ids"]) <= 16
+    finally:
+        subprocess.run(["scancel", job], env=slurm_env(), check=False)

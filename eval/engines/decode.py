@@ -189,6 +189,14 @@ class DecodeSpec:
         """Set the table `width_cost=auto` resolved to, once the model has loaded."""
         self._width_table, self._policy = table, None
 
+    def chain_lookup(self) -> LookupPolicy | None:
+        """`lookup` for an engine that verifies one chain of proposed tokens per step (vLLM's speculative
+        decoding, eval.serve): token trees and the cost choice are refused."""
+        if self.regenerate == "lookup" and (self.lookup_tree > 1 or self.lookup_choice != "fixed"):
+            raise ValueError("vLLM verifies one chain of proposed tokens per step: decode.lookup_tree must be 1 and "
+                             "decode.lookup_choice fixed")
+        return self.lookup
+
     @property
     def lookup(self) -> LookupPolicy | None:
         """The proposal policy of `regenerate=lookup`; None for plain regeneration."""

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from eval.engines.cost_choice import CostChooser
 from eval.engines.suffix_index import SuffixIndex
 from eval.engines.token_tree import TokenTree, TreeProposer, tree_matched
-from eval.engines.tokens import answer_finished, through_first_eos
+from eval.engines.tokens import answer_finished, common_prefix_length, through_first_eos
 
 if TYPE_CHECKING:  # decode.py imports this module
     from eval.engines.decode import DecodeSpec
@@ -149,6 +149,39 @@ def update_proposer(
     proposer = TreeProposer if policy.tree > 1 else LongestMatchProposer if policy.match == "longest" else Proposer
     candidates = proposer([held_tail, *earlier_drafts, prompt_ids], policy, eos_token_ids)
     return CostChooser(candidates, policy) if policy.choice == "cost" else candidates
+
+
+class HeldDraftProposer:
+    """The proposals of one whole update, one forward at a time, for an engine that verifies a
+    few tokens per forward (vLLM's speculative decoding, eval.serving): while the answer follows
+    the held draft, the draft's next tokens (the verify pass, cut to the budget); once it breaks
+    from it, `update_proposer`'s lookup over the draft's unaccepted tail, the earlier drafts and
+    the request, exactly as the evaluator regenerates after its verify pass. Chains only: a
+    tree's first branch is its best one."""
+
+    def __init__(self, policy: LookupPolicy | None, held: list[int], earlier: list[list[int]], prompt_ids: list[int],
+                 eos_token_ids: set[int]) -> None:
+        self.policy = policy
+        self.held = held
+        self.earlier = earlier
+        self.prompt_ids = prompt_ids
+        self.eos_token_ids = eos_token_ids
+        self.accepted: int | None = None  # where the answer broke from the held draft, once it has
+        self.lookup: AnyProposer | None = None
+
+    def propose(self, answer: list[int], budget: int) -> list[int]:
+        """Up to `budget` tokens to verify after `answer`."""
+        if budget <= 0:
+            return []
+        if self.accepted is None:
+            followed = common_prefix_length(answer, self.held)
+            if followed == len(answer) and followed < len(self.held):
+                return through_first_eos(self.held[followed : followed + budget], self.eos_token_ids)
+            self.accepted = followed
+            self.lookup = update_proposer(self.policy, self.held[followed:], self.earlier, self.prompt_ids,
+                                          self.eos_token_ids)
+        branches = self.lookup.branches(answer, budget) if self.lookup else []
+        return branches[0][:budget] if branches else []
 
 
 def regeneration_widths(answer: list[int], start: int, proposer: AnyProposer | None, max_new_tokens: int) -> list[int]:

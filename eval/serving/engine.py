@@ -1,0 +1,113 @@
+"""The serving engine from this process: `eval.serving.engine_worker` in the vLLM environment,
+requests in, token events out, one asyncio queue per request.
+
+The worker is one vLLM engine whose speculative proposer reads the drafts posted with each
+request (eval.serving.proposer). This process keeps its pins and its tokenizer, as the
+evaluator's vLLM drafter does (docs/vllm.md): only token ids cross the pipe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import threading
+from dataclasses import asdict
+from typing import Any
+
+from eval.engines.lookup import LookupPolicy
+from headstart.paths import CHECKOUT
+from headstart.vllm_client import VLLMEngines, VLLMModel, engine_args, start_worker, vllm_unavailable
+from headstart.vllm_settings import VLLMSettings, vllm_python
+
+PROPOSER = "eval.serving.proposer.DraftProposer"
+
+
+def serving_engine_args(model_dir: str, settings: VLLMSettings, dtype: str, needed_model_len: int | None,
+                        speculative_tokens: int) -> dict:
+    """LLMEngine's arguments: `engine_args` (the evaluator's), with the draft proposer when
+    `speculative_tokens` > 0, and the model runner in the worker's own process (the "uni"
+    executor), where the proposer reads the board the worker posts drafts on."""
+    if speculative_tokens and settings.tensor_parallel_size > 1:
+        raise ValueError("drafts need vLLM's model runner in the engine loop's process, and tensor_parallel_size > 1 "
+                         "runs it in others: serve with vllm.tensor_parallel_size=1 (a model that fits one GPU), or "
+                         "drafts=false for plain vLLM serving")
+    llm = engine_args(VLLMModel(model_dir), settings, dtype, needed_model_len, None)
+    llm["distributed_executor_backend"] = "uni"
+    if speculative_tokens:
+        llm["speculative_config"] = {"method": "custom_class", "model": PROPOSER,
+                                     "num_speculative_tokens": speculative_tokens}
+    return llm
+
+
+class ServingEngine:
+    """One engine worker. `add` returns the queue its events arrive on (see engine_worker)."""
+
+    def __init__(self, llm: dict, settings: VLLMSettings, policy: LookupPolicy | None, eos_token_ids: set[int],
+                 device: str) -> None:
+        reason = vllm_unavailable(settings, device)
+        if reason:
+            raise RuntimeError(f"serving needs vLLM: {reason}")
+        gpus = 1 if device.startswith("cuda") else 0
+        first = {"llm": llm, "policy": asdict(policy) if policy else None, "eos_token_ids": sorted(eos_token_ids)}
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": 0, "PYTHONPATH": str(CHECKOUT)}
+        self.process = start_worker([str(vllm_python(settings)), "-m", "eval.serving.engine_worker"], settings, first,
+                                    gpus, env=env)
+        ready = self._read_line()
+        if "error" in ready:
+            self.close()
+            raise RuntimeError(f"the serving engine failed to start:\n{ready['error']}")
+        self.version = ready["vllm"]
+        self.queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self.lock = threading.Lock()
+        self.reader = threading.Thread(target=self._route, daemon=True)
+        self.reader.start()
+
+    def _read_line(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            return {"error": f"the engine worker exited (code {self.process.wait()}); its log is above"}
+        return json.loads(line)
+
+    def _route(self) -> None:
+        """Every event to its request's queue, in this reader thread; at the worker's end, an error to all."""
+        while True:
+            event = self._read_line()
+            if "id" not in event:  # the worker is gone
+                with self.lock:
+                    waiting, self.queues = self.queues, {}
+                for loop, events in waiting.values():
+                    loop.call_soon_threadsafe(events.put_nowait, {"finished": True, "tokens": [], "error": event["error"]})
+                return
+            with self.lock:
+                target = self.queues.pop(event["id"], None) if event["finished"] else self.queues.get(event["id"])
+            if target:
+                target[0].call_soon_threadsafe(target[1].put_nowait, event)
+
+    def add(self, request_id: str, prompt: list[int], max_tokens: int, sources: dict[str, Any] | None) -> asyncio.Queue:
+        """Start greedy decoding of `prompt`; `sources` (held draft, earlier drafts) feed the proposer, None proposes
+        nothing. Call from the event loop the queue belongs to."""
+        events: asyncio.Queue = asyncio.Queue()
+        with self.lock:
+            self.queues[request_id] = (asyncio.get_running_loop(), events)
+        self._send({"op": "add", "id": request_id, "prompt": prompt, "max_tokens": max_tokens, "sources": sources})
+        return events
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request; its queue gets a finished event with reason "abort" (none if it had finished)."""
+        self._send({"op": "abort", "id": request_id})
+
+    def _send(self, message: dict) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the serving engine exited (code {self.process.returncode})")
+        VLLMEngines._write(self.process, message)
+
+    def close(self) -> None:
+        """Stop the worker."""
+        if self.process.poll() is None:
+            try:
+                VLLMEngines._write(self.process, {"op": "shutdown"})
+                self.process.stdin.close()
+                self.process.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
