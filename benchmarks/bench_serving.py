@@ -77,15 +77,19 @@ class Replay:
         self.clock = Timeline()
         self.wakeups: list[float] = []
         self.in_flight = 0
+        self.posts = 0  # requests sent so far
         self.typing = 0  # typists not yet done
 
     async def wait_until(self, moment: float) -> None:
         self.wakeups.append(moment)
         try:
             while self.clock.now() < moment:
-                await asyncio.sleep(min(0.02, moment - self.clock.now()))
-                if not self.real_time and self._all_waiting() and await self._server_idle() and self._all_waiting():
-                    self.clock.skipped += max(0.0, min(self.wakeups) - self.clock.now())
+                await asyncio.sleep(min(0.05, moment - self.clock.now()))
+                if not self.real_time and self._all_waiting():
+                    posts = self.posts
+                    # Skip only if no typist posted while the server was asked (a text may have started a draft).
+                    if await self._server_idle() and self._all_waiting() and self.posts == posts:
+                        self.clock.skipped += max(0.0, min(self.wakeups) - self.clock.now())
         finally:
             self.wakeups.remove(moment)
 
@@ -100,6 +104,7 @@ class Replay:
 
     async def post(self, path: str, body: dict) -> dict:
         self.in_flight += 1
+        self.posts += 1
         try:
             reply = await self.client.post(path, json=body, timeout=None)
         finally:

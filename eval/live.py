@@ -130,7 +130,10 @@ def live_routes(served: Served) -> list:
                     if message["type"] == "typed":
                         live.typed(message["text"])
                     elif message["type"] == "enter":
-                        await websocket.send_json(await live.enter(message["text"]))
+                        await live.flush()  # drafts shown before the answer, never after it
+                        answer = await live.enter(message["text"])
+                        live.outbox.clear()  # drafts of the submitted session that ended meanwhile
+                        await websocket.send_json(answer)
                     else:
                         raise ValueError(f"unknown message type {message['type']!r}")
                 except Exception as error:  # the page shows it; the server keeps serving

@@ -27,6 +27,7 @@ from headstart.vllm_settings import VLLMSettings
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
+    from eval.serving.api import Served
     from eval.serving.engine import ServingEngine
 
 
@@ -42,6 +43,8 @@ class ServeConfig:
     speculative_tokens: int = field(default=8, metadata={"help": "Most draft tokens verified per engine step (vLLM's "
                                                                  "num_speculative_tokens)."})
     max_drafting: int = field(default=4, metadata={"help": "Drafts decoded at once, while no answer is in flight."})
+    answers_first: bool = field(default=True, metadata={"help": "Draft only while no answer is in flight, pausing drafts "
+                                                                "when one arrives (false: drafts run beside answers)."})
     session_ttl: float = field(default=300.0, metadata={"help": "Seconds after its last text that an unsubmitted "
                                                                 "session expires."})
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={
@@ -92,9 +95,10 @@ def served_model_dir(model: str, adapter: str | None) -> str:
 
 @dataclass
 class Server:
-    """The running parts: the engine and the app."""
+    """The running parts: the engine, what the routes serve, and the app."""
 
     engine: ServingEngine
+    served: Served
     app: Starlette
 
 
@@ -128,7 +132,8 @@ def start_server(config: ServeConfig) -> Server:
     except OSError:  # no generation_config.json
         eos = end_token_ids(tokenizer)
     speculative = config.speculative_tokens if config.drafts else 0
-    llm = serving_engine_args(model_dir, config.vllm, vllm_dtype(config.dtype, device), config.max_model_len, speculative)
+    llm = serving_engine_args(model_dir, config.vllm, vllm_dtype(config.dtype, device), config.max_model_len, speculative,
+                              device)
     engine = ServingEngine(llm, config.vllm, config.decode.chain_lookup() if config.drafts else None, eos, device)
 
     def encode(messages: list[dict[str, str]]) -> list[int]:
@@ -136,13 +141,16 @@ def start_server(config: ServeConfig) -> Server:
             messages = build_messages(messages[-1]["content"], messages[:-1], system)
         return encode_prompt(tokenizer, messages, family)
 
+    sessions = Sessions(engine, encode, config.max_drafting, config.session_ttl, config.drafts, config.answers_first)
     served = Served(
-        model_name=config.model, sessions=Sessions(engine, encode, config.max_drafting, config.session_ttl, config.drafts),
+        model_name=config.model, sessions=sessions,
         encode=encode, encode_answer=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
-        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True), max_tokens=config.decode.max_new_tokens,
+        # No clean-up of spaces: a streamed answer's text then only grows token by token, and equals the whole one.
+        decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False),
+        max_tokens=config.decode.max_new_tokens,
         max_model_len=config.max_model_len, speculating=config.drafts, decode_spec=config.decode,
     )
-    return Server(engine, build_app(served, live_routes(served)))
+    return Server(engine, served, build_app(served, live_routes(served)))
 
 
 def serve(config: ServeConfig) -> None:

@@ -149,8 +149,9 @@ def work_unit(item: pytest.Item) -> str:
 
 
 # The units that took longest on 2 cores (minutes: the Slurm streams about 7 each, vLLM's about 10
-# over its units, the launches about 10), started first; the others follow, most slow tests first.
-LONGEST_FIRST = ("slurm", "test_vllm_backend.py", "torchrun")
+# over its units, the launches about 10, the streaming server's about 5 and the live page's 3), started
+# first; the others follow, most slow tests first.
+LONGEST_FIRST = ("slurm", "test_vllm_backend.py", "torchrun", "test_serving.py", "test_live.py")
 
 
 def unit_order(unit: str, slow_tests: int) -> tuple[int, int]:

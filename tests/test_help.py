@@ -34,7 +34,9 @@ ENTRY_POINTS = {
              {"limit": "Evaluate only the first N", "decode.acceptance": "Acceptance rule"}),
     "eval.before_after": (["-m", "eval.before_after"], "eval.before_after:BeforeAfterConfig", ["decode"],
                           {"adapted": "Adapted model", "decode.max_new_tokens": "Answer length cap"}),
-    "eval.live": (["-m", "eval.live"], "eval.live:LiveConfig", ["decode"], {"decode.engine": "AR:"}),
+    "eval.live": (["-m", "eval.live"], "eval.live:LiveConfig", ["decode", "vllm"], {"decode.engine": "AR:"}),
+    "eval.serve": (["-m", "eval.serve"], "eval.serve:ServeConfig", ["decode", "vllm"],
+                   {"drafts": "Verify drafts as speculative proposals", "session_ttl": "Seconds after its last text"}),
     "data_builders": (["-m", "data_builders"], "data_builders.config:BuildConfig",
                       ["lmsys", "mbpp", "filters", "caps", "decontamination", "generation"], {}),
     "train/sft.py": (["train/sft.py"], "train.config:TrainRecipe",
@@ -49,7 +51,7 @@ ENTRY_POINTS = {
     "eval.width_cost": (["-m", "eval.width_cost"], "eval.width_cost:WidthCostConfig", [], {"repeats": "Timed forwards"}),
 }
 # Entry points whose `--help` imports neither torch nor transformers.
-TORCH_FREE = {"eval", "eval.before_after", "eval.live", "data_builders", "study", "train.memory", "eval.width_cost"}
+TORCH_FREE = {"eval", "eval.before_after", "eval.live", "eval.serve", "data_builders", "study", "train.memory", "eval.width_cost"}
 HEAVY = ("torch", "transformers")
 
 

@@ -270,9 +270,21 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
         Elsewhere("tests/test_typing_sim.py::test_a_keystroke_trace_replays_its_gaps_cyclically"),
     "python -m eval.before_after recipe=before_after_smollm2 typing=cpm:400": Checked(
         "tests/test_typing_sim.py::test_before_after_report_shows_the_typing_simulation_in_markdown_html_and_wandb"),
-    "python -m eval.live model=smollm2": Elsewhere("tests/test_live.py::test_typed_request_gets_the_evaluators_answer"),
+    "python -m eval.live model=smollm2": Elsewhere("tests/test_live.py::test_typed_request_gets_plain_decodings_answer"),
     "python -m eval.live model=outputs/train/smollm2_prefix/adapter decode.max_new_tokens=128 port=8080":
-        Elsewhere("tests/test_live.py::test_typed_request_gets_the_evaluators_answer"),
+        Checked("tests/test_serving.py::test_an_adapter_is_merged_once_and_served"),
+    # Serving (docs/serving.md)
+    "python -m eval.serve": Checked("tests/test_serving.py::test_models_and_health"),
+    "python -m eval.serve model=outputs/train/smollm2_prefix/adapter":
+        Checked("tests/test_serving.py::test_an_adapter_is_merged_once_and_served"),
+    "python -m eval.serve drafts=false port=8001":
+        Checked("tests/test_serving.py::test_typed_answers_equal_plain_vllm_under_every_policy"),
+    "python -m eval.live": Elsewhere("tests/test_live.py::test_typed_request_gets_plain_decodings_answer"),
+    "python benchmarks/bench_serving.py --limit 40 --typists 1 --benchmarks humaneval mbpp chat": HelpHas(),
+    "python benchmarks/bench_serving.py --limit 16 --typists 4 16 --benchmarks humaneval": HelpHas(),
+    "python -m eval.serve model=Qwen/Qwen3-8B adapter=outputs/train/qwen3_prefix/adapter host=0.0.0.0": Checked(),
+    "sbatch --gpus 1 slurm/serve.sbatch model=outputs/train/qwen3_prefix/merged":
+        Checked("tests/test_slurm_eval.py::test_a_serving_job_answers_over_http_until_cancelled"),
     "python benchmarks/live_screenshot.py model=smollm2 request=0 cpm=400 output=docs/live_page.png": Elsewhere(
         "tests/test_live.py::test_the_screenshot_command_types_a_benchmark_request_and_saves_the_answered_page"),
     # Device check
@@ -378,6 +390,14 @@ def parse(entry: str, arguments: list[str]) -> None:
         from data_builders.config import BuildConfig
 
         load_config(BuildConfig, arguments)
+    elif entry in ("eval.serve", "slurm/serve.sbatch"):
+        from eval.serve import ServeConfig
+
+        load_config(ServeConfig, arguments)
+    elif entry == "eval.live":
+        from eval.live import LiveConfig
+
+        load_config(LiveConfig, arguments)
     elif entry == "train.merge":
         from train.merge import MergeArgs
 

@@ -11,6 +11,7 @@ without it.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -47,11 +48,19 @@ def plain():
 
 
 @pytest.fixture(scope="module")
-def drafts():
+def drafts_server():
     server, client = serve(drafts=True)
+    client.server = server
     yield client
     client.__exit__(None, None, None)
     server.engine.close()
+
+
+@pytest.fixture
+def drafts(drafts_server):
+    """The drafts server's client, its scheduling restored after each test."""
+    yield drafts_server
+    drafts_server.server.served.sessions.answers_first = True
 
 
 def sample_requests(count: int = 2):
@@ -199,14 +208,16 @@ def test_a_cancelled_session_stops_drafting_and_is_gone(drafts, references):
 def test_a_client_leaving_a_streamed_answer_stops_its_decoding(drafts, references):
     requests, expected = references
     request = requests[0]
+    before = drafts.get("/v1/headstart/stats").json()
     with drafts.stream("POST", "/v1/chat/completions", json={"messages": messages(request), "stream": True,
-                                                              "max_tokens": MAX_TOKENS}) as reply:
+                                                              "max_tokens": 1000}) as reply:
         first = next(reply.iter_lines())
         assert first.startswith("data: ")
     deadline = time.monotonic() + 60
     while drafts.get("/v1/headstart/stats").json()["answers_in_flight"] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert drafts.get("/v1/headstart/stats").json()["answers_in_flight"] == 0
+    stats = drafts.get("/v1/headstart/stats").json()
+    assert stats["answers_in_flight"] == 0 and stats["answers_abandoned"] == before["answers_abandoned"] + 1
 
 
 def test_a_streamed_answer_is_the_whole_answer_in_sse_chunks(drafts, references):
@@ -277,6 +288,12 @@ BAD_REQUESTS = {
     "unknown session": ({"messages": [{"role": "user", "content": "hi"}], "session": "sess-x"}, 404, "no session"),
     "bad prediction": ({"messages": [{"role": "user", "content": "hi"}], "prediction": "x"}, 400, "prediction must"),
     "bad decode key": ({"messages": [{"role": "user", "content": "hi"}], "decode": {"lookup_blok": 4}}, 400, "decode must"),
+    "decode not an int": ({"messages": [{"role": "user", "content": "hi"}], "decode": {"lookup_block": 2.5}}, 400,
+                          "decode.lookup_block must be a int"),
+    "decode too large": ({"messages": [{"role": "user", "content": "hi"}], "decode": {"lookup_ngram": 10**9}}, 400,
+                         "in 0-256"),
+    "bad stream_options": ({"messages": [{"role": "user", "content": "hi"}], "stream": True, "stream_options": "x"},
+                           400, "stream_options must be"),
     "tree policy": ({"messages": [{"role": "user", "content": "hi"}],
                      "decode": {"lookup_match": "longest", "lookup_tree": 4}}, 400, "one chain"),
 }
@@ -302,3 +319,53 @@ def test_bad_session_text_is_a_400(drafts):
 def test_models_and_health(drafts):
     assert drafts.get("/health").json() == {"status": "ok"}
     assert drafts.get("/v1/models").json()["data"][0]["id"] == "smollm2"
+
+
+def test_an_adapter_is_merged_once_and_served(tmp_path, monkeypatch):
+    """`adapter=DIR` is merged with PEFT into the cache once, then served as a plain model: the answer
+    is the adapted model's (transformers' greedy decoding of base + adapter), and a second start reuses
+    the merged directory."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from eval.serve import served_model_dir
+    from headstart.models import load_model, resolve_model_dir
+
+    monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path / "cache"))
+    base = resolve_model_dir("smollm2")
+    torch.manual_seed(0)
+    adapted = get_peft_model(AutoModelForCausalLM.from_pretrained(base),  # B random: the adapter changes answers
+                             LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    adapted.save_pretrained(tmp_path / "adapter")
+    loaded = load_model(str(tmp_path / "adapter"), merge=True, device="cpu")
+    prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": "Add two numbers in Python."}],
+                                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    expected = loaded.model.generate(**prompt, do_sample=False, max_new_tokens=16)[0, prompt["input_ids"].shape[1]:].tolist()
+
+    server, client = serve(drafts=False, adapter=str(tmp_path / "adapter"))
+    try:
+        merged = served_model_dir("smollm2", str(tmp_path / "adapter"))
+        assert merged.startswith(str(tmp_path / "cache" / "merged"))
+        stamp = (Path(merged) / "config.json").stat().st_mtime_ns
+        reply = answer(client, {"messages": [{"role": "user", "content": "Add two numbers in Python."}], "max_tokens": 16})
+        assert reply["headstart"]["token_ids"][: len(expected)] == expected
+        assert served_model_dir("smollm2", str(tmp_path / "adapter")) == merged  # the cache, not a second merge
+        assert (Path(merged) / "config.json").stat().st_mtime_ns == stamp
+    finally:
+        client.__exit__(None, None, None)
+        server.engine.close()
+
+
+def test_with_answers_first_off_drafts_run_beside_an_answer(drafts, references):
+    """The policy the default is measured against (bench_serving.py): nothing pauses."""
+    requests, expected = references
+    drafts.server.served.sessions.answers_first = False
+    before = drafts.get("/v1/headstart/stats").json()
+    session = drafts.post("/v1/sessions", json={"max_tokens": 200}).json()["id"]
+    drafts.post(f"/v1/sessions/{session}/text", json={"text": requests[0].text, "complete": True})
+    reply = answer(drafts, {"messages": messages(requests[1])})
+    assert reply["headstart"]["token_ids"] == expected[requests[1].request_id]
+    settled(drafts, session)
+    after = drafts.get("/v1/headstart/stats").json()
+    assert after["paused"] == before["paused"] and after["drafts_started"] - before["drafts_started"] == 1

@@ -36,6 +36,7 @@ from eval.engines.lookup import LookupPolicy
 from eval.serving.sessions import Session, Sessions
 
 ROLES = ("system", "user", "assistant")
+MAX_LOOKUP_SETTING = 256  # the largest n-gram or block a request may ask for: each costs proposer work every step
 
 
 class BadRequest(ValueError):
@@ -123,6 +124,25 @@ def check_greedy(body: dict) -> None:
             raise BadRequest(f"{name} is not served here", param=name)
 
 
+def stream_usage(body: dict) -> bool:
+    """Whether a streamed answer ends with a usage chunk (`stream_options.include_usage`)."""
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise BadRequest('stream_options must be {"include_usage": true|false}', param="stream_options")
+    return options.get("include_usage", False)
+
+
+class ClosingStream(StreamingResponse):
+    """A streamed answer whose generator is closed however the response ends: Starlette leaves it
+    suspended when the client leaves, and closing it is what aborts the answer's decoding."""
+
+    async def stream_response(self, send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            await self.body_iterator.aclose()
+
+
 class Routes:
     def __init__(self, served: Served) -> None:
         self.served = served
@@ -148,6 +168,7 @@ class Routes:
             messages = read_messages(body.get("messages"))
             max_tokens = positive_int(body, "max_completion_tokens", "max_tokens", default=self.served.max_tokens)
             prompt = self._prompt(messages, max_tokens)
+            usage = stream_usage(body)
             sources, session = self._sources(body)
         except BadRequest as error:
             return error_response(error)
@@ -155,9 +176,9 @@ class Routes:
         events = self.served.sessions.answer(request_id, prompt, max_tokens, sources, session)
         reply = Reply(request_id, self.served, len(prompt), bool(sources and sources["held"]))
         if body.get("stream"):
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return StreamingResponse(reply.chunks(events, usage), media_type="text/event-stream")
-        return JSONResponse(await reply.whole(events))
+            return ClosingStream(reply.chunks(events, usage), media_type="text/event-stream")
+        whole = await reply.whole(events)
+        return JSONResponse(whole, status_code=500 if "error" in whole else 200)
 
     def _sources(self, body: dict) -> tuple[dict[str, Any] | None, Session | None]:
         speculate = body.get("speculate", True)
@@ -186,6 +207,12 @@ class Routes:
         allowed = (*LOOKUP_KEYS, "regenerate")
         if not isinstance(overrides, dict) or set(overrides) - set(allowed):
             raise BadRequest(f"decode must be an object of {', '.join(allowed)}", param="decode")
+        for key, value in overrides.items():
+            default = getattr(self.served.decode_spec, key)
+            if type(value) is not type(default) or (isinstance(value, int) and not 0 <= value <= MAX_LOOKUP_SETTING):
+                raise BadRequest(f"decode.{key} must be a {type(default).__name__}"
+                                 f"{f' in 0-{MAX_LOOKUP_SETTING}' if isinstance(default, int) else ''}, not {value!r}",
+                                 param="decode")
         try:
             return replace(self.served.decode_spec, **overrides).chain_lookup()
         except (TypeError, ValueError) as error:
@@ -299,6 +326,13 @@ class Reply:
         return f"data: {json.dumps(chunk)}\n\n"
 
     async def chunks(self, events: AsyncIterator[dict[str, Any]], usage: bool) -> AsyncIterator[str]:
+        try:
+            async for chunk in self._chunks(events, usage):
+                yield chunk
+        finally:
+            await events.aclose()  # the answer's own clean-up: an unfinished decoding is aborted
+
+    async def _chunks(self, events: AsyncIterator[dict[str, Any]], usage: bool) -> AsyncIterator[str]:
         yield self._chunk({"role": "assistant", "content": ""})
         sent = ""
         async for event in events:

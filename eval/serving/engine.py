@@ -17,14 +17,14 @@ from typing import Any
 
 from eval.engines.lookup import LookupPolicy
 from headstart.paths import CHECKOUT
-from headstart.vllm_client import VLLMEngines, VLLMModel, engine_args, start_worker, vllm_unavailable
+from headstart.vllm_client import VLLMEngines, VLLMModel, engine_args, engine_gpu_memory, start_worker, vllm_unavailable
 from headstart.vllm_settings import VLLMSettings, vllm_python
 
 PROPOSER = "eval.serving.proposer.DraftProposer"
 
 
 def serving_engine_args(model_dir: str, settings: VLLMSettings, dtype: str, needed_model_len: int | None,
-                        speculative_tokens: int) -> dict:
+                        speculative_tokens: int, device: str = "cpu") -> dict:
     """LLMEngine's arguments: `engine_args` (the evaluator's), with the draft proposer when
     `speculative_tokens` > 0, and the model runner in the worker's own process (the "uni"
     executor), where the proposer reads the board the worker posts drafts on."""
@@ -32,8 +32,11 @@ def serving_engine_args(model_dir: str, settings: VLLMSettings, dtype: str, need
         raise ValueError("drafts need vLLM's model runner in the engine loop's process, and tensor_parallel_size > 1 "
                          "runs it in others: serve with vllm.tensor_parallel_size=1 (a model that fits one GPU), or "
                          "drafts=false for plain vLLM serving")
-    llm = engine_args(VLLMModel(model_dir), settings, dtype, needed_model_len, None)
-    llm["distributed_executor_backend"] = "uni"
+    gpu_memory = engine_gpu_memory(0, settings) if device.startswith("cuda") else None
+    llm = engine_args(VLLMModel(model_dir), settings, dtype, needed_model_len, gpu_memory)
+    # "uni": the model runner in this worker's process. No async scheduling on either server: vLLM turns it
+    # off for a custom proposer, and the server without drafts must be the same engine less the drafts.
+    llm |= {"distributed_executor_backend": "uni", "async_scheduling": False}
     if speculative_tokens:
         llm["speculative_config"] = {"method": "custom_class", "model": PROPOSER,
                                      "num_speculative_tokens": speculative_tokens}
@@ -60,6 +63,7 @@ class ServingEngine:
         self.version = ready["vllm"]
         self.queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self.lock = threading.Lock()
+        self.dead: str | None = None  # why the worker stopped, once it has
         self.reader = threading.Thread(target=self._route, daemon=True)
         self.reader.start()
 
@@ -70,25 +74,38 @@ class ServingEngine:
         return json.loads(line)
 
     def _route(self) -> None:
-        """Every event to its request's queue, in this reader thread; at the worker's end, an error to all."""
+        """Every event to its request's queue, in this reader thread; at the worker's end (or a line
+        that cannot be read), an error to every waiting request, and `add` refuses from then on."""
         while True:
-            event = self._read_line()
+            try:
+                event = self._read_line()
+            except ValueError as error:
+                event = {"error": f"unreadable line from the engine worker: {error}"}
             if "id" not in event:  # the worker is gone
                 with self.lock:
-                    waiting, self.queues = self.queues, {}
-                for loop, events in waiting.values():
-                    loop.call_soon_threadsafe(events.put_nowait, {"finished": True, "tokens": [], "error": event["error"]})
+                    self.dead, waiting, self.queues = event.get("error", "the engine worker stopped"), self.queues, {}
+                for target in waiting.values():
+                    self._deliver(target, {"finished": True, "tokens": [], "error": self.dead})
                 return
             with self.lock:
                 target = self.queues.pop(event["id"], None) if event["finished"] else self.queues.get(event["id"])
             if target:
-                target[0].call_soon_threadsafe(target[1].put_nowait, event)
+                self._deliver(target, event)
+
+    @staticmethod
+    def _deliver(target: tuple[asyncio.AbstractEventLoop, asyncio.Queue], event: dict) -> None:
+        try:
+            target[0].call_soon_threadsafe(target[1].put_nowait, event)
+        except RuntimeError:  # that request's event loop has closed (its client went away): nobody waits
+            pass
 
     def add(self, request_id: str, prompt: list[int], max_tokens: int, sources: dict[str, Any] | None) -> asyncio.Queue:
         """Start greedy decoding of `prompt`; `sources` (held draft, earlier drafts) feed the proposer, None proposes
         nothing. Call from the event loop the queue belongs to."""
         events: asyncio.Queue = asyncio.Queue()
         with self.lock:
+            if self.dead:
+                raise RuntimeError(f"the serving engine has stopped: {self.dead}")
             self.queues[request_id] = (asyncio.get_running_loop(), events)
         self._send({"op": "add", "id": request_id, "prompt": prompt, "max_tokens": max_tokens, "sources": sources})
         return events

@@ -114,7 +114,7 @@ class EngineLoop:
 
         params = SamplingParams(temperature=0.0, max_tokens=message["max_tokens"], stop_token_ids=self.stops,
                                 ignore_eos=True, detokenize=False, output_kind=RequestOutputKind.DELTA)
-        self.board.post(request_id, message["prompt"], message.get("sources"))
+        self.board.post(request_id, message["prompt"], message["max_tokens"], message.get("sources"))
         self.engine.add_request(request_id, {"prompt_token_ids": message["prompt"]}, params)
         self.steps[request_id] = 0
 

@@ -20,6 +20,7 @@ transformers beyond numpy: it runs inside the vLLM environment.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,8 +41,11 @@ class Posting:
     pending: int = 0  # tokens proposed at the last step, not yet verified
     request_id: str = ""
 
+    max_tokens: int = 0  # the request's answer cap: nothing is proposed past it
+
     def stats(self) -> dict[str, int]:
-        return {"proposed": self.proposed, "accepted": self.accepted, "verifications": self.verifications}
+        """The counts of the verified proposals (the last one, made at the step that ended the request, never was)."""
+        return {"proposed": self.proposed - self.pending, "accepted": self.accepted, "verifications": self.verifications}
 
 
 @dataclass
@@ -53,7 +57,7 @@ class DraftBoard:
     eos_token_ids: set[int] = field(default_factory=set)
     rows: dict[int, Posting] = field(default_factory=dict)
 
-    def post(self, request_id: str, prompt: list[int], sources: dict[str, Any] | None) -> None:
+    def post(self, request_id: str, prompt: list[int], max_tokens: int, sources: dict[str, Any] | None) -> None:
         """A request about to be added: `sources` {"held": draft, "earlier": [draft, ...] newest first,
         "policy": the lookup policy's fields, null for none (the held draft, then plain decoding),
         absent for the engine's}, or None for a request that gets no proposals (plain decoding)."""
@@ -64,7 +68,8 @@ class DraftBoard:
                 policy = LookupPolicy(**sources["policy"]) if sources["policy"] else None
             proposer = HeldDraftProposer(policy, list(sources.get("held") or []),
                                          [list(d) for d in sources.get("earlier") or []], list(prompt), self.eos_token_ids)
-        self.postings[request_id] = Posting(np.asarray(prompt, dtype=np.int64), proposer, request_id=request_id)
+        self.postings[request_id] = Posting(np.asarray(prompt, dtype=np.int64), proposer, request_id=request_id,
+                                            max_tokens=max_tokens)
 
     def remove(self, request_id: str) -> dict[str, int]:
         """Take a finished or aborted request off the board; its proposal counts."""
@@ -96,10 +101,13 @@ def _begins_with(tokens: np.ndarray, prompt: np.ndarray) -> bool:
 
 
 BOARD = DraftBoard()
+logger = logging.getLogger(__name__)
 
 
 class DraftProposer:
-    """vLLM's custom proposer: for each running request, the next tokens its posting proposes."""
+    """vLLM's custom proposer: for each running request, the next tokens its posting proposes. A
+    proposer that fails proposes nothing more for its request: the step, and every other request in
+    it, go on (a proposal never decides an answer)."""
 
     def __init__(self, vllm_config: Any) -> None:
         self.k = vllm_config.speculative_config.num_speculative_tokens
@@ -120,13 +128,24 @@ class DraftProposer:
                 continue
             taken.add(id(posting))
             if posting.pending:  # the step just run verified it: all but the last sampled token were proposals
-                posting.accepted += len(sampled) - 1
+                posting.accepted += min(len(sampled) - 1, posting.pending)
                 posting.verifications += 1
                 posting.pending = 0
-            budget = min(self.k, self.max_model_len - length - 1)
-            answer = token_ids_cpu[row, len(posting.prompt) : length].tolist()
-            proposal = posting.proposer.propose(answer, budget) if posting.proposer else []
+            answered = length - len(posting.prompt)
+            budget = min(self.k, self.max_model_len - length - 1, posting.max_tokens - answered - 1)
+            proposal = self._proposal(posting, token_ids_cpu[row, len(posting.prompt) : length].tolist(), budget)
             posting.pending = len(proposal)
             posting.proposed += len(proposal)
             proposals.append(proposal)
         return proposals
+
+    @staticmethod
+    def _proposal(posting: Posting, answer: list[int], budget: int) -> list[int]:
+        if posting.proposer is None or budget <= 0:
+            return []
+        try:
+            return [int(token) for token in posting.proposer.propose(answer, budget)][:budget]
+        except Exception:  # noqa: BLE001 - logged; the request decodes on without proposals
+            logger.exception("the draft proposer of request %s failed; it proposes nothing more", posting.request_id)
+            posting.proposer = None
+            return []

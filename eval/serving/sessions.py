@@ -72,12 +72,18 @@ class Session:
         which it extends (a resumed draft starts from the paused one's tokens)."""
         if not tokens:
             return
+        kept = dict(self.drafts).get(prefix, [])
+        if len(kept) > len(tokens) and kept[: len(tokens)] == tokens:
+            tokens = kept  # a resumed draft paused again before it caught up with the one it resumed
         self.drafts = [(p, d) for p, d in self.drafts if p != prefix] + [(prefix, tokens)]
 
     def sources(self, prediction: list[int] | None = None) -> dict[str, Any]:
         """The proposer's sources: the held draft (`prediction` when the client sent one, else the
         newest draft) and the earlier drafts, newest first."""
-        drafts = [d for _, d in self.drafts] + ([self.job.tokens] if self.job and self.job.tokens else [])
+        drafts = [d for p, d in self.drafts]
+        if self.job and self.job.tokens:
+            kept = dict(self.drafts).get(self.job.prefix, [])
+            drafts.append(max(self.job.tokens, kept, key=len))  # a resumed draft, or the one it resumes
         if prediction:
             drafts.append(prediction)
         return {"held": drafts[-1] if drafts else [], "earlier": drafts[-2::-1]}
@@ -93,15 +99,17 @@ class Work:
     stale: int = 0
     paused: int = 0
     expired: int = 0
+    answers_abandoned: int = 0  # answers whose client left before the end: their decoding was aborted
 
 
 class Sessions:
     """The sessions of one server, their drafting, and the answers in flight."""
 
     def __init__(self, engine: Engine, encode: Callable[[list[dict[str, str]]], list[int]], max_drafting: int,
-                 ttl: float, drafting: bool = True) -> None:
+                 ttl: float, drafting: bool = True, answers_first: bool = True) -> None:
         self.engine = engine
         self.drafting = drafting  # False: sessions are kept (the API stays the same), nothing is drafted
+        self.answers_first = answers_first  # False: drafts run beside answers (the policy it is measured against)
         self.encode = encode  # messages (no system message) -> prompt ids, as the server templates them
         self.max_drafting = max_drafting
         self.ttl = ttl
@@ -163,7 +171,7 @@ class Sessions:
     # Drafting
 
     def _schedule(self) -> None:
-        while not self.answers and len(self.running) < self.max_drafting and self.waiting:
+        while not (self.answers and self.answers_first) and len(self.running) < self.max_drafting and self.waiting:
             session = self.sessions.get(self.waiting.popleft())
             if session is None or not session.wanted or session.job:
                 continue
@@ -194,7 +202,7 @@ class Sessions:
             session.keep(job.prefix, job.tokens)
             if session.listener:
                 session.listener(job)
-        if job.stopping == "paused" and not session.wanted:
+        if job.stopping == "paused" and finished.get("reason") == "abort" and not session.wanted:
             session.wanted = job.prefix  # resumed from its own tokens once the answers are done
         if session.wanted and session.session_id in self.sessions and session.session_id not in self.waiting:
             # A paused draft resumes first; a stale one's successor waited behind it (`_schedule` skips
@@ -219,7 +227,7 @@ class Sessions:
         draft stops (what it decoded is a source) and the session ends."""
         self.answers += 1
         try:
-            for job in list(self.running.values()):
+            for job in list(self.running.values()) if self.answers_first else []:
                 self._stop(job, "paused")
             if session is not None:
                 self.close(session, "submitted")
@@ -233,6 +241,7 @@ class Sessions:
             finally:
                 if not finished:  # the client went away: stop decoding for it
                     self.engine.abort(request_id)
+                    self.work.answers_abandoned += 1
         finally:
             self.answers -= 1
             self._schedule()
