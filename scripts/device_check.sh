@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check (scripts/device_check.py): what only a GPU can show, in one short offline run on
+# The device check (scripts/device_check/, run.py): what only a GPU can show, in one short offline run on
 # one CUDA GPU (sized for one 10-minute command; never yet run on one), or its CPU twin with --cpu
 # (fp32, the identity stage in bf16; what CI runs).
 #   bash scripts/device_check.sh [OUTPUT_DIR]                    # default /tmp/headstart-device-check
@@ -19,5 +19,5 @@ if [ "${1:-}" = "--wheels" ]; then
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
   shift 2
 fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-exec "$python" scripts/device_check.py "$@"
+export PYTHONPATH="$PWD/scripts:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+exec "$python" -m device_check "$@"

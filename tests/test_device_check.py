@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from datasets import Dataset
-from device_check import STAGES, CheckError, claim_output_dir  # scripts/ is on pytest's pythonpath
-from device_check_eval import EVAL_REQUESTS, IDENTITY_POLICIES, PolicyRun, compared_figure, measured_share, tree_figure
+from device_check.eval_stages import EVAL_REQUESTS, IDENTITY_POLICIES, PolicyRun, compared_figure, measured_share, tree_figure
+from device_check.run import STAGES, CheckError, claim_output_dir  # scripts/ is on pytest's pythonpath
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "device_check.sh"

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from device_check_base import Check, CheckError, Figure, float32_matmuls
+from device_check.base import Check, CheckError, Figure, float32_matmuls
 
 # Merged vs adapter-on logits, relative to the largest logit, by the dtype the comparison runs in: the merged
 # model's x(W + sBA) and the adapter's xW + s(xA)B round in different orders, and cuBLAS picks its reduction order per shape,

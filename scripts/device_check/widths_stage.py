@@ -8,8 +8,8 @@ recorded policies with it afterwards."""
 
 from __future__ import annotations
 
-from device_check_base import Check, CheckError, Figure
-from device_check_memory import paper_model_config, random_model
+from device_check.base import Check, CheckError, Figure
+from device_check.memory_stage import paper_model_config, random_model
 
 SHOWN_WIDTHS = (2, 9, 33, 129, 257)
 

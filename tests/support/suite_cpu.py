@@ -4,11 +4,11 @@ As a pytest plugin it appends, per test, the CPU time of the worker and of the s
 waited for (getrusage self + children, module fixtures counted in their first test) to
 $SUITE_CPU_DIR/cpu-<pid>.jsonl:
 
-    SUITE_CPU_DIR=/tmp/suite-cpu PYTHONPATH=benchmarks bash scripts/test.sh -p suite_cpu
+    SUITE_CPU_DIR=/tmp/suite-cpu PYTHONPATH=tests/support bash scripts/test.sh -p suite_cpu
 
 Run as a script it prints the heaviest tests and files:
 
-    python benchmarks/suite_cpu.py /tmp/suite-cpu
+    python tests/support/suite_cpu.py /tmp/suite-cpu
 
 Slurm jobs run under slurmd, not under a worker: their CPU is not in these figures (compare the
 total with the machine's busy time over the run, /proc/stat).

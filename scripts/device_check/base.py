@@ -1,4 +1,4 @@
-"""What every stage of the device check (scripts/device_check.py) shares: the run (`Check`:
+"""What every stage of the device check shares: the run (`Check`:
 its directory, device and environment), its figures and errors, the output directory it owns,
 and fp32 matrix products without TF32."""
 
@@ -14,8 +14,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # `python scripts/device_check.py` where headstart is not installed (the GPU machine)
+REPO = Path(__file__).resolve().parents[2]
+# The GPU machine runs a copy of the checkout where headstart is not installed; the tiny models
+# are the tests' own (tests/support).
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "support")]
 KIND = "device-check"  # its headstart.run_dir mark
 DEFAULT_OUTPUT = "/tmp/headstart-device-check"
 
@@ -115,7 +117,7 @@ def claim_output_dir(out: Path, replace: bool) -> None:
                 shutil.rmtree(child)
             else:
                 child.unlink()
-    write_mark(out, KIND, {"note": "scripts/device_check.py: its next full run replaces this directory"})
+    write_mark(out, KIND, {"note": "scripts/device_check.sh: its next full run replaces this directory"})
 
 
 @contextmanager

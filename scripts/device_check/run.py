@@ -38,12 +38,12 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from device_check_base import DEFAULT_OUTPUT, Check, CheckError, Figure, StageResult, claim_output_dir
-from device_check_eval import stage_identity, stage_stream, stage_timing
-from device_check_memory import stage_memory
-from device_check_setup import preflight, prepare_assets
-from device_check_train import stage_objectives, stage_train, stage_zero3
-from device_check_widths import stage_widths
+from device_check.assets import preflight, prepare_assets
+from device_check.base import DEFAULT_OUTPUT, Check, CheckError, Figure, StageResult, claim_output_dir
+from device_check.eval_stages import stage_identity, stage_stream, stage_timing
+from device_check.memory_stage import stage_memory
+from device_check.train_stages import stage_objectives, stage_train, stage_zero3
+from device_check.widths_stage import stage_widths
 
 STAGES: dict[str, Callable[[Check], list[Figure]]] = {
     "train": stage_train, "zero3": stage_zero3, "objectives": stage_objectives, "memory": stage_memory,
@@ -97,7 +97,8 @@ def cell(text: str) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="scripts/device_check.sh", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("output_dir", nargs="?", default=DEFAULT_OUTPUT,
                         help=f"the check's directory (default {DEFAULT_OUTPUT}; created, or reused when it holds its run record)")
     parser.add_argument("--cpu", action="store_true", help="the same stages in fp32 on CPU, every GPU hidden")
