@@ -233,7 +233,7 @@ def discard_replaced(output: Path, ignore_errors: bool = False) -> None:
 def after_interrupt(output: Path, work: Path, created: bool, saved: bool) -> str:
     """Tidy up after a Ctrl-C and say, in one phrase, what the build kept. Its temporary files
     go (OUTPUT.partial is gone already, see `save`). The work directory stays when it holds a
-    finished pass, since the same command resumes from it (a killed build resumes, docs/data.md);
+    finished pass, since the same command resumes from it (a killed build resumes too);
     one this build created that holds none goes with the rest.
 
     Args:

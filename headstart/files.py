@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
-CHUNK = 1 << 20  # 1 MiB reads: bounded memory for any file size
+CHUNK = 1 << 20  # the read size: bounded memory for any file size
 
 
 @dataclass

@@ -227,8 +227,8 @@ def load_model(
 def from_pretrained_kwargs(device: str, dtype: torch.dtype | str | None = None) -> dict:
     """`from_pretrained` arguments that load a model (full, merged, or the base under an adapter)
     in `dtype` (None: `default_dtype` of the device) straight onto `device`. Loading on the CPU
-    first and moving it after needs the whole model in host memory: 16 GB for an 8B model in
-    bf16, more than a job's share of a node under typical per-CPU memory defaults.
+    first and moving it after needs the whole model in host memory (two bytes a parameter in
+    bf16), more than a job's share of a node under typical per-CPU memory defaults.
 
     Args:
         device (str): the device the weights load onto.
@@ -241,7 +241,7 @@ def from_pretrained_kwargs(device: str, dtype: torch.dtype | str | None = None) 
 
 # What `download_model` fetches of a hub repository: configs, tokenizer and safetensors
 # weights (`*.bin` only where a repository has no safetensors); never the duplicate
-# original-format checkpoints some repositories carry (Llama's original/, 16 GB).
+# original-format checkpoints some repositories carry (Llama's original/, a second copy of the weights).
 DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
 DOWNLOAD_IGNORED = ["original/*", "*.pth", "*.gguf", "*.onnx", "*.msgpack", "*.h5"]
 

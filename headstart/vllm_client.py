@@ -35,7 +35,7 @@ GIB = 1024**3
 VLLM_DEFAULT_UTILIZATION = 0.9
 # The smallest block vLLM's CPU attention takes. The prompts of S_1..S_n share their beginnings and the
 # prefix cache serves whole blocks: at vLLM's CPU default (128) it serves far less of them, and count-mode
-# drafting ran 1.2-1.4x slower, the drafts the same (docs/vllm.md).
+# drafting ran slower, the drafts the same.
 CPU_BLOCK_SIZE = 32
 GPUMemory = dict[int, tuple[int, int]]  # GPU index in this process -> (free, total) bytes, torch.cuda.mem_get_info
 
@@ -294,7 +294,7 @@ def engine_args(model: VLLMModel, settings: VLLMSettings, dtype: str, needed_mod
     if gpu_memory is None and settings.tensor_parallel_size == 1:
         # On the CPU the model runs in the engine core's process ("uni"), and the engine core in
         # the worker's (VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLMEngines' CPU environment): one vLLM
-        # import instead of three, about half the engine's start (docs/vllm.md).
+        # import instead of three, a shorter start of the engine.
         llm["distributed_executor_backend"] = "uni"
     if gpu_memory is not None:
         llm["gpu_memory_utilization"] = engine_gpu_memory_utilization(settings, gpu_memory)

@@ -186,10 +186,11 @@ def _prose_offenders() -> tuple[list[str], list[str]]:
         comments = list(_comments(source))
         for line, text in comments + list(_docstrings(ast.parse(source))):
             for match in PATH_PATTERN.finditer(text):
-                paths.append(f"{_where(path, line)}: names {match.group(0)}")
-        for line, text in comments:
-            for match in MEASUREMENT_PATTERN.finditer(_BACKTICKED.sub("", text)):
-                measurements.append(f"{_where(path, line)}: carries {match.group(0).strip()!r}: {text.strip()}")
+                paths.append(f"{_where(path, line + text.count(chr(10), 0, match.start()))}: names {match.group(0)}")
+            # backticked code is blanked, not removed, so that a match's line is still its own
+            for match in MEASUREMENT_PATTERN.finditer(_BACKTICKED.sub(lambda code: "`" * len(code.group(0)), text)):
+                where = _where(path, line + text.count(chr(10), 0, match.start()))
+                measurements.append(f"{where}: carries {match.group(0).strip()!r}")
     return paths, measurements
 
 

@@ -18,7 +18,7 @@ from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_ds1000
 
 SOURCE = DATA["ds1000"]
-# The official harness allows 120 s per problem; importing torch or TensorFlow
+# The official harness's time per problem (`wall_seconds`); importing torch or TensorFlow
 # maps several GB of address space, hence the larger memory limit.
 DS1000_LIMITS = SandboxLimits(cpu_seconds=60, wall_seconds=120, memory_bytes=16 << 30, max_processes=64)
 LIBRARY_MODULES = {

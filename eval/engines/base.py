@@ -63,7 +63,7 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
     back to any length. transformers' sliding layers drop states older than the window,
     and cannot be cropped once it is full (Gemma-3). The model's attention mask still
     limits a sliding layer to its window: sized against a full-length layer, it is the
-    mask of a forward with no cache (tests/test_sliding_window.py checks it).
+    mask of a forward with no cache.
 
     Args:
         model (PreTrainedModel): the model the cache serves.

@@ -23,8 +23,7 @@ from eval.engines.decode import DecodeSpec
 def full_attention_mask(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A (1, 1, length, length) additive mask of zeros: every position sees every
     other. transformers passes a 4D mask through unchanged (masking_utils returns
-    it as-is) and then runs SDPA with is_causal=False, so causality is really off
-    (tests/test_bidirectional.py checks it).
+    it as-is) and then runs SDPA with is_causal=False, so causality is really off.
 
     Args:
         length (int): the sequence's length.

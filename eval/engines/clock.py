@@ -12,7 +12,7 @@ device a phase is timed by one of two modes (`DecodeSpec.timing`):
   end; the elapsed time between them, read once the end event has completed.
 
 Off CUDA both are the host's `perf_counter`: CPU work is done when a call returns.
-Every timed phase of the engines goes through `Stopwatch` (tests/test_clock.py checks it).
+Every timed phase of the engines goes through `Stopwatch`.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # lookup.py imports this module
 
 ROOT = -1  # a node's parent when it follows the answer's last token
 # Occurrences of the answer's head (the answer less its last d tokens) resumed, longest context
-# first: on recorded HumanEval drafts (tree of 16, realign 3) two give a 5.47x median forward
-# speedup, one 5.27x, three 5.50x with wider trees (docs/results.md#realignment-candidates).
+# first: on recorded HumanEval drafts (tree of 16, realign 3) two give a higher median forward
+# speedup than one, and three gain little over two, and only with wider trees.
 REALIGNED_OCCURRENCES = 2
 
 

@@ -3,7 +3,7 @@ requests in, token events out, one asyncio queue per request.
 
 The worker is one vLLM engine whose speculative proposer reads the drafts posted with each
 request (eval.serving.proposer). This process keeps its pins and its tokenizer, as the
-evaluator's vLLM drafter does (docs/vllm.md): only token ids cross the pipe.
+evaluator's vLLM drafter does: only token ids cross the pipe.
 """
 
 from __future__ import annotations
