@@ -270,7 +270,7 @@ def update_cost(
     decode: DecodeSpec, eos_token_ids: set[int],
 ) -> int:
     """Forwards of that update (`update_widths`), its verify pass included: what
-    `AREngine.update` executes (the two agree on every request of the engine's tests).
+    `AREngine.update` executes.
 
     Args:
         held (list[int]): the draft the update held.
