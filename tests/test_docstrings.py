@@ -1,27 +1,25 @@
-"""The packages' docstrings say what the arguments are, and their comments carry results of no machine.
+r"""The packages' docstrings say what the arguments are; comments and docstrings carry no results and no test or doc paths.
 
 Three checks over the modules in COVERED_FOLDERS (each folder's own `*.py`, not its subfolders), less NOT_YET_COVERED,
 read with `ast` and `tokenize` only (nothing is imported):
 
 * Every public function and public method that takes an argument besides `self`/`cls` has a docstring with an `Args:`
-  section naming each parameter, one entry a line, as TRL and torchtune write them:
+  section naming each parameter on an entry's first line, in torchtune's short form of the style TRL also writes:
 
       Args:
-          name (`type`): what it is.
-          args: `*args` and `**kwargs` are named bare (the `*` may be written too).
+          name (type): what it is.
+          kwargs (Any): `*args` and `**kwargs` by their bare names (the stars may be written too).
 
-  Public: the name, its class's and its module's have no leading underscore. Skipped: dunder methods, `@property` (and its
-  setters), `@overload`, functions nested in functions, test files.
-* No comment or docstring names a path under the tests or docs folders. Pattern: PATH_PATTERN, a folder name followed by
-  a slash and a path (`\\b(tests|docs)/[\\w./-]+`, the folder names spelled out in the pattern).
-* No comment carries a measurement of a machine. Pattern: MEASUREMENT_PATTERN, a number followed by a unit of time
-  (`s`, `ms`, `us`, `min`, `h`), size (`KB`..`TB`, `KiB`..`TiB`), rate (`GB/s`, `MB/s`, `tokens/s`, `tok/s`, `it/s`,
-  `req/s`) or speed-up (`x` right after the number, as in `3.2x`); a range counts (`0.7-1 GB/s`). A comment that
-  explains a default value writes the value with its unit as a word of code (`timeout=30`) or in words, not as a
-  figure of this machine, and the pattern does not look inside backticks. Docstrings are not checked for this: they
-  state limits and defaults ("waits up to 30 s"), which are settings, not measurements.
+  Public: the function's name, its class's and its module's have no leading underscore. Skipped: dunder methods,
+  `@property` (and its setters), `@overload`, functions nested in functions, test files.
+* No comment or docstring names a path under the tests or docs folders. PATH_PATTERN: `\b(tests|docs)/[\w./-]+`.
+* No comment or docstring carries a measurement of a machine. MEASUREMENT_PATTERN: a number (or a range, `0.7-1`)
+  followed by a unit of time (`s`, `ms`, `us`, `min`), size (`KB`..`TB`, `KiB`..`TiB`) or rate (`GB/s`, `MB/s`,
+  `tokens/s`, `tok/s`, `it/s`, `req/s`), or a speed-up (`x` right after the number: `3.2x`). Not counted: text in
+  backticks (a default written as code, `wall_seconds=120`, or a formula), and a unit followed by a lone letter other
+  than "a" (a formula's product, "34 s b h"). The figures live in the results document, with their command and machine.
 
-Every offender is reported as file:line. The integrator adds eval's top level and train/ to COVERED_FOLDERS, and empties
+Every offender is reported as file:line. The integrator adds eval's top level and train to COVERED_FOLDERS, and empties
 NOT_YET_COVERED, when the branches that rewrite them land.
 """
 
@@ -58,8 +56,9 @@ NOT_YET_COVERED = [
 
 PATH_PATTERN = re.compile(r"\b(tests|docs)/[\w./-]+")
 _NUMBER = r"(?<![\w.])\d+(\.\d+)?(\s*[-–]\s*\d+(\.\d+)?)?"
-_UNITS = r"(s|ms|us|µs|min|mins|h|KB|MB|GB|TB|KiB|MiB|GiB|TiB|GB/s|MB/s|GiB/s|MiB/s|tokens/s|tok/s|it/s|req/s)"
-MEASUREMENT_PATTERN = re.compile(_NUMBER + r"(\s*" + _UNITS + r"(?![\w/])|x(?!\w))")
+_UNITS = r"(s|ms|us|µs|min|mins|KB|MB|GB|TB|KiB|MiB|GiB|TiB|GB/s|MB/s|GiB/s|MiB/s|tokens/s|tok/s|it/s|req/s)"
+# A unit followed by a lone letter but "a" is a formula's product ("34 s b h": 34 x sequence x batch x hidden).
+MEASUREMENT_PATTERN = re.compile(_NUMBER + r"(\s*" + _UNITS + r"(?![\w/])(?!\s+(?!a\b)[a-zA-Z]\b)|x(?!\w))")
 _BACKTICKED = re.compile(r"`[^`]*`")
 
 
