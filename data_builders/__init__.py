@@ -12,7 +12,12 @@ NOTHING_KEPT = "nothing of this build was kept; rerun to build again"
 
 
 def build(config: BuildConfig, command: str = "python -m data_builders"):
-    """Run a build (imported lazily: the pipeline pulls in datasets and torch)."""
+    """Run a build (imported lazily: the pipeline pulls in datasets and torch).
+
+    Args:
+        config (BuildConfig): the build's settings.
+        command (str): the command line that ran the build, for the dataset card.
+    """
     from data_builders.build import build as _build
 
     return _build(config, command)

@@ -22,7 +22,12 @@ CONTAMINATION_REASONS = {EXACT: "contaminated_exact", NGRAM: "contaminated_ngram
 
 
 def cut_offsets(request: str, segments: list[str] | None = None) -> list[int]:
-    """End offset of each segment; S_i = request[: offsets[i - 1]]."""
+    """End offset of each segment; S_i = request[: offsets[i - 1]].
+
+    Args:
+        request (str): the request's text.
+        segments (list[str] | None): its segments; None: cut by `segment_request`.
+    """
     ends, total = [], 0
     for segment in segments or segment_request(request):
         total += len(segment)
@@ -36,7 +41,14 @@ def analyse_batch(
     tokenizer: Any | None,
     chat: bool,
 ) -> dict[str, list[Any]]:
-    """Per request: segment ends, normalised-text hash, contamination code, token counts."""
+    """Per request: segment ends, normalised-text hash, contamination code, token counts.
+
+    Args:
+        batch (dict[str, list[Any]]): a batch of collected requests, by column.
+        index (DecontaminationIndex): the benchmark index that finds contaminated requests.
+        tokenizer (Any | None): the tokenizer that counts tokens, or None to count none.
+        chat (bool): whether the model reads a templated chat prompt (AR) rather than the bare query (ReFusion).
+    """
     requests, references = batch["request"], batch["reference"]
     cuts = [cut_offsets(r, s) for r, s in zip(requests, batch["segments"])]
     reasons = index.check_batch(requests, references)
@@ -55,7 +67,13 @@ def analyse_batch(
 
 
 def prompt_lengths(tokenizer: Any, queries: list[str], chat: bool) -> list[int]:
-    """Tokens of what the model reads: the templated chat prompt (AR) or the bare query."""
+    """Tokens of what the model reads: the templated chat prompt (AR) or the bare query.
+
+    Args:
+        tokenizer (Any): the tokenizer that counts tokens.
+        queries (list[str]): the queries the model reads.
+        chat (bool): whether the model reads a templated chat prompt (AR) rather than the bare query (ReFusion).
+    """
     if chat:
         queries = [
             render_prompt(tokenizer, build_messages(q, system=INCOMPLETE_REQUEST_SYSTEM)) for q in queries
@@ -64,6 +82,12 @@ def prompt_lengths(tokenizer: Any, queries: list[str], chat: bool) -> list[int]:
 
 
 def text_lengths(tokenizer: Any, texts: list[str]) -> list[int]:
+    """Tokens of each text, without special tokens.
+
+    Args:
+        tokenizer (Any): the tokenizer that counts tokens.
+        texts (list[str]): the texts to count.
+    """
     if not texts:
         return []
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]

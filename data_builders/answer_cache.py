@@ -16,7 +16,13 @@ from headstart.files import append_jsonl, read_jsonl
 
 def answer_key(model: str, prompt: str, max_new_tokens: int) -> str:
     """What identifies a greedy answer: the model (`model_identity`), the exact prompt text,
-    the length budget."""
+    the length budget.
+
+    Args:
+        model (str): the model source that answers.
+        prompt (str): the exact prompt text.
+        max_new_tokens (int): the answer's length budget in tokens.
+    """
     payload = json.dumps([model, prompt, max_new_tokens, "greedy"], ensure_ascii=False)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
@@ -27,7 +33,11 @@ def model_identity(model: str) -> str:
     the same path, and its second round must not reuse the first round's answers. An embedded
     name (its weights are a pinned package) or a hub id stays as given: the shipped caches are
     keyed by the name, and a hub repository updated in place is not noticed (pin a revision by
-    downloading it to a directory)."""
+    downloading it to a directory).
+
+    Args:
+        model (str): the model source that answers.
+    """
     from headstart.models import EMBEDDED_MODELS, is_hub_id, weights_fingerprint
 
     if model.lower() in EMBEDDED_MODELS or is_hub_id(model):
@@ -62,14 +72,27 @@ class AnswerCache:
         return key in self.answers
 
     def get(self, key: str) -> str:
+        """The cached answer of `key`.
+
+        Args:
+            key (str): the answer's key (`answer_key`).
+        """
         return self.answers[key]
 
     def finished(self, key: str) -> bool | None:
-        """Whether the answer ended before the token cap; None for an entry written before the flag."""
+        """Whether the answer ended before the token cap; None for an entry written before the flag.
+
+        Args:
+            key (str): the answer's key (`answer_key`).
+        """
         return self.ended.get(key)
 
     def add(self, entries: list[dict]) -> None:
-        """Append entries ({key, answer, ...}) durably."""
+        """Append entries ({key, answer, ...}) durably.
+
+        Args:
+            entries (list[dict]): the entries to add, each with its key and answer.
+        """
         append_jsonl(self.path, entries, ensure_ascii=False, sort_keys=True)
         for entry in entries:
             self._remember(entry)

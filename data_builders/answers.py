@@ -26,7 +26,14 @@ Drafts = dict[tuple[int, int], str]  # (analysed row, i) -> answer to S_(i-1)
 
 def gather(analysed: Dataset, selection: Selection, config: BuildConfig, work: Path) -> tuple[Answers | None, Drafts | None]:
     """Generated answers per chosen row (None: references, read later from the data),
-    and drafts per (row, i) for draft-refinement."""
+    and drafts per (row, i) for draft-refinement.
+
+    Args:
+        analysed (Dataset): the analysed requests.
+        selection (Selection): the chosen requests.
+        config (BuildConfig): the build's settings.
+        work (Path): the build's work directory, which holds the answer cache.
+    """
     if config.answers == "reference" and config.pairs != "draft_refinement":
         return None, None
     chosen = selection.rows()
@@ -57,12 +64,24 @@ def gather(analysed: Dataset, selection: Selection, config: BuildConfig, work: P
 
 
 def has_answer(analysed: Dataset, chosen: np.ndarray, answers: Answers | None) -> np.ndarray:
-    """Which chosen requests have a usable answer (empty and cut ones are excluded)."""
+    """Which chosen requests have a usable answer (empty and cut ones are excluded).
+
+    Args:
+        analysed (Dataset): the analysed requests.
+        chosen (np.ndarray): row numbers of the chosen requests.
+        answers (Answers | None): generated answers by row; None: the corpus's own references, all usable.
+    """
     if answers is not None:
         return np.array([bool(answers[int(row)] and answers[int(row)].strip()) for row in chosen], dtype=bool)
     return analysed.data.column("has_reference").to_numpy(zero_copy_only=False)[chosen]
 
 
 def cut_answers(chosen: np.ndarray, answers: Answers | None) -> int:
-    """How many chosen requests lost their answer to the token cap."""
+    """How many chosen requests lost their answer to the token cap.
+
+    Args:
+        chosen (np.ndarray): row numbers of the chosen requests.
+        answers (Answers | None): generated answers by row (None where cut at the token cap); None: the corpus's own
+            references.
+    """
     return 0 if answers is None else sum(answers[int(row)] is None for row in chosen)

@@ -49,7 +49,12 @@ from headstart.vllm_client import vllm_unavailable
 
 def validate(config: BuildConfig, machine: bool = True) -> None:
     """Reject settings that cannot work, naming the key. `machine=False` leaves out what only the
-    machine that builds can tell (whether its vLLM runs: slurm/check_args.py validates on a login node)."""
+    machine that builds can tell (whether its vLLM runs: slurm/check_args.py validates on a login node).
+
+    Args:
+        config (BuildConfig): the build's settings.
+        machine (bool): also check what only the building machine can tell.
+    """
     choices = {
         "format": (config.format, ("ar", "refusion")),
         "pairs": (config.pairs, ("prefix_to_answer", "draft_refinement")),
@@ -94,6 +99,11 @@ def validate(config: BuildConfig, machine: bool = True) -> None:
 
 
 def output_paths(config: BuildConfig) -> tuple[Path, Path]:
+    """The output directory and the work directory of a build.
+
+    Args:
+        config (BuildConfig): the build's settings.
+    """
     output = Path(config.output_dir or outputs_dir("data", config.name))
     return output, Path(config.work_dir or f"{output}.work")
 
@@ -103,14 +113,23 @@ def _needs_model(config: BuildConfig) -> bool:
 
 
 def tokenizer_name(config: BuildConfig) -> str | None:
-    """The configured tokenizer; else the model's when tokens are capped or a model is used anyway."""
+    """The configured tokenizer; else the model's when tokens are capped or a model is used anyway.
+
+    Args:
+        config (BuildConfig): the build's settings.
+    """
     if config.tokenizer:
         return config.tokenizer
     return config.model if config.caps.max_tokens > 0 or _needs_model(config) else None
 
 
 def build(config: BuildConfig, command: str = "python -m data_builders") -> Path:
-    """Run every pass and return the output directory."""
+    """Run every pass and return the output directory.
+
+    Args:
+        config (BuildConfig): the build's settings.
+        command (str): the command line that ran the build, for the dataset card.
+    """
     validate(config)
     if config.generation.device:  # a GPU asked for where CUDA is unusable: refused before anything is read
         resolve_device(config.generation.device)
@@ -272,10 +291,20 @@ def _finish_split(expanded: Dataset, config: BuildConfig, report: Report, split:
 
 
 def command_line(argv: list[str]) -> str:
+    """The command line that runs this build, for the dataset card.
+
+    Args:
+        argv (list[str]): the command's arguments.
+    """
     return " ".join(["python -m data_builders", *argv]) if argv else "python -m data_builders"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m data_builders`; returns the exit status.
+
+    Args:
+        argv (list[str] | None): the command's arguments; None: the process's.
+    """
     from headstart.config import cli_main, load_config, report_interrupt
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -17,6 +17,11 @@ _FORMATS = {
 
 
 def length_stats(values: np.ndarray) -> dict[str, float]:
+    """Minimum, mean, median and maximum of lengths (empty for none).
+
+    Args:
+        values (np.ndarray): the lengths.
+    """
     if len(values) == 0:
         return {}
     return {
@@ -30,6 +35,18 @@ def length_stats(values: np.ndarray) -> dict[str, float]:
 
 def render_card(name: str, fmt: str, pairs: str, answers: str, report: Report, config_yaml: str, command: str,
                 model: str | None = None) -> str:
+    """The dataset card (README.md) of a build: what it holds, how it was made, and its resolved config.
+
+    Args:
+        name (str): the dataset's name.
+        fmt (str): the rows' format ("ar" or "refusion").
+        pairs (str): the pairs' kind ("prefix_to_answer" or "draft_refinement").
+        answers (str): where the answers come from ("self" or the corpus's).
+        report (Report): the build's report.
+        config_yaml (str): the resolved config, as YAML.
+        command (str): the command line that ran the build.
+        model (str | None): the model whose greedy answers the rows hold, or None.
+    """
     lines = [f"# {name}", "", f"Built by `{command}` (headstart data builders).", ""]
     written = (f" (greedy answers of `{model}`; train that model on them, see `answer_model`)"
                if answers == "self" and model else "")

@@ -44,13 +44,23 @@ VERSION = 2
 
 
 def source_spec(config: BuildConfig, name: str) -> SourceSpec:
+    """The configured source `name`, refused when no such source exists.
+
+    Args:
+        config (BuildConfig): the build's settings.
+        name (str): the source's name.
+    """
     if name not in SOURCES:
         raise ValueError(f"sources: unknown source {name!r}; known: {', '.join(SOURCES)}")
     return getattr(config, name)
 
 
 def collect_key(config: BuildConfig) -> str:
-    """Identity of pass 1: source locations (with file size and mtime) and the row filters."""
+    """Identity of pass 1: source locations (with file size and mtime) and the row filters.
+
+    Args:
+        config (BuildConfig): the build's settings.
+    """
     parts: list = [VERSION]
     for name in config.sources:
         spec = source_spec(config, name)
@@ -62,7 +72,13 @@ def collect_key(config: BuildConfig) -> str:
 
 
 def collect(config: BuildConfig, work_dir: Path, report: Report) -> Dataset:
-    """The eligible requests of all sources, memory-mapped from `work_dir`."""
+    """The eligible requests of all sources, memory-mapped from `work_dir`.
+
+    Args:
+        config (BuildConfig): the build's settings.
+        work_dir (Path): the build's work directory.
+        report (Report): the build's report, which counts drops.
+    """
     key = collect_key(config)
     arrow, stats = work_dir / f"requests-{key}.arrow", work_dir / f"requests-{key}.json"
     if arrow.is_file() and stats.is_file():
@@ -88,7 +104,11 @@ def collect(config: BuildConfig, work_dir: Path, report: Report) -> Dataset:
 
 
 def check_locations(config: BuildConfig) -> None:
-    """Fail before any work when a configured file is missing or empty, naming the key."""
+    """Fail before any work when a configured file is missing or empty, naming the key.
+
+    Args:
+        config (BuildConfig): the build's settings.
+    """
     for name in config.sources:
         spec = source_spec(config, name)
         if spec.path and not resolve_path(spec.path).is_file():

@@ -28,12 +28,20 @@ _WORD = re.compile(r"\w+")
 
 
 def normalise(text: str) -> str:
-    """Case and whitespace folded: what "the same request" means for exact matches and dedupe."""
+    """Case and whitespace folded: what "the same request" means for exact matches and dedupe.
+
+    Args:
+        text (str): the text to fold.
+    """
     return " ".join(text.lower().split())
 
 
 def stable_hash(text: str) -> int:
-    """A 63-bit hash that is the same in every process (Python's `hash` is salted)."""
+    """A 63-bit hash that is the same in every process (Python's `hash` is salted).
+
+    Args:
+        text (str): the text to hash.
+    """
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big") >> 1
 
 
@@ -86,7 +94,12 @@ def _window_hashes(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def ngram_hashes(text: str, n: int) -> np.ndarray:
-    """The word n-gram hashes of one text."""
+    """The word n-gram hashes of one text.
+
+    Args:
+        text (str): the text.
+        n (int): the n-gram's length in words.
+    """
     return _window_hashes([text], n)[0]
 
 
@@ -100,13 +113,23 @@ class DecontaminationIndex:
     texts_per_benchmark: dict[str, int] = field(default_factory=dict)
 
     def add(self, benchmark: str, texts: Iterable[str]) -> None:
+        """Index a benchmark's texts (empty ones and non-strings left out).
+
+        Args:
+            benchmark (str): the benchmark's name, for the counts.
+            texts (Iterable[str]): its requests and reference solutions.
+        """
         kept = [t for t in texts if isinstance(t, str) and t.strip()]
         self.exact.update(stable_hash(normalise(t)) for t in kept)
         self.ngrams = np.unique(np.concatenate([self.ngrams, _window_hashes(kept, self.n)[0]]))
         self.texts_per_benchmark[benchmark] = self.texts_per_benchmark.get(benchmark, 0) + len(kept)
 
     def ngram_hits(self, texts: list[str]) -> np.ndarray:
-        """For each text, whether it shares an n-gram with the index."""
+        """For each text, whether it shares an n-gram with the index.
+
+        Args:
+            texts (list[str]): the texts to look up.
+        """
         hashes, owner = _window_hashes(texts, self.n)
         hit = np.zeros(len(texts), dtype=bool)
         if len(hashes) and len(self.ngrams):
@@ -115,7 +138,12 @@ class DecontaminationIndex:
         return hit
 
     def check_batch(self, requests: list[str], answers: list[str | None]) -> list[str]:
-        """Per request: "" when clean, else "contaminated_exact" or "contaminated_ngram"."""
+        """Per request: "" when clean, else "contaminated_exact" or "contaminated_ngram".
+
+        Args:
+            requests (list[str]): the requests.
+            answers (list[str | None]): each request's answer, or None.
+        """
         ngram = self.ngram_hits(list(requests)) | self.ngram_hits([a or "" for a in answers])
         return [
             "contaminated_exact" if stable_hash(normalise(r)) in self.exact else "contaminated_ngram" if hit else ""
@@ -123,6 +151,12 @@ class DecontaminationIndex:
         ]
 
     def check(self, request: str, answer: str | None = None) -> str:
+        """`check_batch` for one request.
+
+        Args:
+            request (str): the request.
+            answer (str | None): its answer, or None.
+        """
         return self.check_batch([request], [answer])[0]
 
 
@@ -144,7 +178,13 @@ def _humaneval() -> Iterator[dict]:
 def benchmark_texts(name: str, data_dir: Path | None = None, hub: bool = True) -> Iterator[str]:
     """Requests and reference solutions of a benchmark: from its file under `data_dir` (default:
     the repository's data/), else (with `hub`) from its hub split; FileNotFoundError when
-    neither copy is reachable. A file that is there is never looked up on the hub."""
+    neither copy is reachable. A file that is there is never looked up on the hub.
+
+    Args:
+        name (str): the benchmark's name.
+        data_dir (Path | None): the data folder; None: the repository's data/.
+        hub (bool): read the hub split when the file is not there.
+    """
     source = DATA[name]
     if name == "humaneval":
         return _fields(_humaneval(), source)
@@ -176,7 +216,11 @@ def _fields(rows: Iterator[dict], source: DataSource) -> Iterator[str]:
 
 
 def parse_extra(spec: str) -> tuple[Path, list[str]]:
-    """`path:field1,field2` (fields default to "prompt")."""
+    """`path:field1,field2` (fields default to "prompt").
+
+    Args:
+        spec (str): the `path:fields` string.
+    """
     path, _, fields = spec.rpartition(":") if ":" in spec else (spec, "", "")
     if not path:
         path, fields = spec, ""
@@ -195,7 +239,16 @@ def build_index(
     benchmarks: list[str], data_dir: Path | None, extra_files: list[str], n: int, on_missing: str, hub: bool = True
 ) -> tuple[DecontaminationIndex, list[str]]:
     """The index over the named benchmarks and extra files, and the benchmarks skipped as missing
-    (no file under `data_dir` and, with `hub`, not reachable on the hub either)."""
+    (no file under `data_dir` and, with `hub`, not reachable on the hub either).
+
+    Args:
+        benchmarks (list[str]): the benchmarks' names.
+        data_dir (Path | None): the data folder; None: the repository's data/.
+        extra_files (list[str]): further files as `path:fields` strings.
+        n (int): the n-gram's length in words.
+        on_missing (str): "skip" to go on without a missing benchmark; anything else refuses it.
+        hub (bool): read a benchmark's hub split when its file is not there.
+    """
     index, skipped = DecontaminationIndex(n=n), []
     for name in benchmarks:
         if name not in KNOWN_BENCHMARKS:

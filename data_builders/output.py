@@ -47,7 +47,11 @@ def _is_work_file(name: str) -> bool:
 
 def foreign_output_files(directory: Path) -> list[str]:
     """Files of an output directory the builder did not write: every file when it has no
-    marker (it did not create the directory), else those its marker does not list."""
+    marker (it did not create the directory), else those its marker does not list.
+
+    Args:
+        directory (Path): the output directory.
+    """
     if not directory.exists():
         return []
     if not directory.is_dir():
@@ -87,7 +91,11 @@ def _output_marker(directory: Path) -> dict | None:
 def foreign_work_files(directory: Path) -> list[str]:
     """Files of a work directory that are not the builder's intermediate files. A work
     directory without a marker (written before markers existed) is adopted when it holds
-    only such files: its answer cache is worth keeping."""
+    only such files: its answer cache is worth keeping.
+
+    Args:
+        directory (Path): the work directory.
+    """
     if not directory.exists():
         return []
     if not directory.is_dir():
@@ -98,7 +106,12 @@ def foreign_work_files(directory: Path) -> list[str]:
 def check_replaceable(output: Path, work: Path) -> None:
     """Refuse, before any work, an output directory (or its .partial/.old siblings) the
     builder did not create, or one holding a file it did not write, and a work directory
-    holding files that are not its own, naming them. Nothing is deleted."""
+    holding files that are not its own, naming them. Nothing is deleted.
+
+    Args:
+        output (Path): the output directory.
+        work (Path): the work directory.
+    """
     for directory in (output, output.with_name(output.name + ".partial"), output.with_name(output.name + ".old")):
         foreign = foreign_output_files(directory)
         if foreign:
@@ -120,7 +133,11 @@ def _shown(names: list[str]) -> str:
 
 
 def open_work_dir(work: Path) -> None:
-    """Create (or adopt) the work directory and mark it as the builder's."""
+    """Create (or adopt) the work directory and mark it as the builder's.
+
+    Args:
+        work (Path): the work directory.
+    """
     work.mkdir(parents=True, exist_ok=True)
     marker = work / WORK_MARKER
     if not marker.is_file():
@@ -128,7 +145,11 @@ def open_work_dir(work: Path) -> None:
 
 
 def remove_work_dir(work: Path) -> None:
-    """Remove the builder's intermediate files, then the directory if nothing else is left."""
+    """Remove the builder's intermediate files, then the directory if nothing else is left.
+
+    Args:
+        work (Path): the work directory.
+    """
     if not (work / WORK_MARKER).is_file():
         return
     for name in _files(work):
@@ -156,7 +177,15 @@ def save(splits: DatasetDict, config: BuildConfig, report: Report, output: Path,
     a half-written dataset where the trainer looks. The marker goes in first (a save killed
     beyond Python's reach leaves a directory the next build may remove) and lists every file
     at the end; a save that fails or is interrupted removes its OUTPUT.partial itself. The
-    output it replaces is left as OUTPUT.old for `discard_replaced`."""
+    output it replaces is left as OUTPUT.old for `discard_replaced`.
+
+    Args:
+        splits (DatasetDict): the dataset's splits.
+        config (BuildConfig): the build's settings.
+        report (Report): the build's report.
+        output (Path): the output directory.
+        command (str): the command line that ran the build, for the dataset card.
+    """
     partial = output.with_name(output.name + ".partial")
     _remove_own(partial)
     partial.mkdir(parents=True)  # outside the try: a directory this save did not create is never removed
@@ -190,7 +219,12 @@ def _write_partial(partial: Path, splits: DatasetDict, config: BuildConfig, repo
 
 def discard_replaced(output: Path, ignore_errors: bool = False) -> None:
     """Delete OUTPUT.old, the previous output `save` moved aside (checked as the builder's own
-    before it moved). Deleted after the new output is in place: a large one takes a while."""
+    before it moved). Deleted after the new output is in place: a large one takes a while.
+
+    Args:
+        output (Path): the output directory.
+        ignore_errors (bool): leave what cannot be deleted instead of raising.
+    """
     stale = output.with_name(output.name + ".old")
     if stale.exists():
         shutil.rmtree(stale, ignore_errors=ignore_errors)
@@ -199,8 +233,15 @@ def discard_replaced(output: Path, ignore_errors: bool = False) -> None:
 def after_interrupt(output: Path, work: Path, created: bool, saved: bool) -> str:
     """Tidy up after a Ctrl-C and say, in one phrase, what the build kept. Its temporary files
     go (OUTPUT.partial is gone already, see `save`). The work directory stays when it holds a
-    finished pass, since the same command resumes from it (a killed build resumes, docs/data.md);
-    one this build created that holds none goes with the rest."""
+    finished pass, since the same command resumes from it (a killed build resumes too);
+    one this build created that holds none goes with the rest.
+
+    Args:
+        output (Path): the output directory.
+        work (Path): the work directory.
+        created (bool): whether this build created the work directory.
+        saved (bool): whether the output was saved before the interrupt.
+    """
     _remove_temporary_work_files(work)
     if saved:
         discard_replaced(output, ignore_errors=True)  # its deletion may be what was interrupted

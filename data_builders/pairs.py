@@ -39,6 +39,19 @@ def expand_batch(
 
     `answers` holds generated answers by row; None means the corpus's own
     reference, read from the batch so a large build never holds them all.
+
+    Args:
+        batch (dict[str, list[Any]]): a batch of analysed requests, by column.
+        indices (list[int]): positions in `rows` of the batch's requests.
+        rows (np.ndarray): row numbers of the chosen requests.
+        selection (Selection): the chosen requests and the prefixes each keeps.
+        answers (dict[int, str] | None): generated answers by row; None: the corpus's own references.
+        drafts (dict[tuple[int, int], str] | None): the model's answers to S_(i-1) by (row, i), for draft-refinement;
+            None otherwise.
+        fmt (str): the rows' format ("ar" or "refusion").
+        answer_kind (str): what wrote the answers, recorded in each row.
+        tokenizer (Any | None): the tokenizer that counts prompt tokens, or None to count none.
+        answer_model (str | None): the model that wrote the answers, or None for the corpus's own.
     """
     out: dict[str, list[Any]] = {k: [] for k in PROVENANCE}
     queries, responses, draft_texts = [], [], []

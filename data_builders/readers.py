@@ -16,7 +16,12 @@ from headstart.fingerprint import file_sha256
 
 def file_rows(path: Path, fingerprint: dict[str, str]) -> Iterator[RawRow]:
     """Rows of a local file; `fingerprint["sha256"]` is set once the reader is done with it
-    (also when it stops early, at max_rows)."""
+    (also when it stops early, at max_rows).
+
+    Args:
+        path (Path): the local file.
+        fingerprint (dict[str, str]): the dict its "sha256" is written into.
+    """
     try:
         yield from iter_raw_rows(path)
     finally:
@@ -25,7 +30,13 @@ def file_rows(path: Path, fingerprint: dict[str, str]) -> Iterator[RawRow]:
 
 
 def iter_hub(hub_id: str, split: str, config_name: str | None) -> Iterator[RawRow]:
-    """A hub dataset in streaming mode (needs network, and a token for gated sets)."""
+    """A hub dataset in streaming mode (needs network, and a token for gated sets).
+
+    Args:
+        hub_id (str): the dataset's hub id.
+        split (str): the split.
+        config_name (str | None): the dataset's configuration, or None.
+    """
     from datasets import load_dataset
 
     dataset = load_dataset(hub_id, config_name, split=split, streaming=True)
@@ -34,6 +45,10 @@ def iter_hub(hub_id: str, split: str, config_name: str | None) -> Iterator[RawRo
 
 
 def file_stamp(path: Path) -> str:
-    """A cheap identity of a file (size and mtime) for resume keys."""
+    """A cheap identity of a file (size and mtime) for resume keys.
+
+    Args:
+        path (Path): the file.
+    """
     stat = path.stat()
     return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"

@@ -40,6 +40,11 @@ REASONS = {
 
 
 def explain(reason: str) -> str:
+    """What a drop reason means, in words ("" for an unknown one).
+
+    Args:
+        reason (str): the reason, with or without its ":detail".
+    """
     return REASONS.get(reason.split(":", 1)[0], "")
 
 
@@ -57,10 +62,22 @@ class Report:
     seconds: dict[str, float] = field(default_factory=dict)  # wall clock per pass, summed over the runs of one build
 
     def drop(self, reason: str, count: int) -> None:
+        """Count `count` rows dropped for `reason` (none: nothing recorded).
+
+        Args:
+            reason (str): why they were dropped.
+            count (int): how many.
+        """
         if count:
             self.drops[reason] = self.drops.get(reason, 0) + int(count)
 
     def step(self, label: str, remaining: int) -> None:
+        """Record a step of the funnel: how many rows remain after it.
+
+        Args:
+            label (str): the step's name.
+            remaining (int): rows remaining.
+        """
         self.funnel.append((label, int(remaining)))
 
     def all_drops(self) -> Counter:
@@ -73,7 +90,12 @@ class Report:
     def timed(self, work: Path, name: str) -> Iterator[None]:
         """Add the wall-clock seconds of the block to pass `name`, kept in the work directory until
         the build finishes, so that a killed and resumed build reports the time of all its runs
-        (a kill Python cannot see, SIGKILL, loses the time of the run it ends)."""
+        (a kill Python cannot see, SIGKILL, loses the time of the run it ends).
+
+        Args:
+            work (Path): the build's work directory.
+            name (str): the pass's name.
+        """
         start = time.perf_counter()
         try:
             yield
@@ -89,6 +111,11 @@ class Report:
 
     @staticmethod
     def forget_seconds(work: Path) -> None:
+        """Drop the seconds kept in the work directory (the build finished).
+
+        Args:
+            work (Path): the build's work directory.
+        """
         (work / "seconds.json").unlink(missing_ok=True)
 
     def to_json(self) -> str:
@@ -96,6 +123,11 @@ class Report:
 
     @classmethod
     def load(cls, path: Path) -> Report:
+        """A report read back from its JSON file.
+
+        Args:
+            path (Path): the report's JSON file.
+        """
         data = json.loads(path.read_text())
         data["funnel"] = [tuple(x) for x in data["funnel"]]
         return cls(**data)

@@ -27,7 +27,12 @@ class Selection:
     last_count: int = 0  # ... keeps only this many prefixes
 
     def prefixes(self, row: int, num_segments: int) -> list[int]:
-        """Kept prefix indices i (1-based) of a chosen request."""
+        """Kept prefix indices i (1-based) of a chosen request.
+
+        Args:
+            row (int): the request's row number.
+            num_segments (int): how many segments it has.
+        """
         if row == self.last_row:
             return spaced_prefixes(num_segments, self.last_count)
         return spaced_prefixes(num_segments, self.per_request)
@@ -37,11 +42,24 @@ class Selection:
 
 
 def column(dataset: Dataset, name: str) -> np.ndarray:
+    """A column of the dataset as a NumPy array.
+
+    Args:
+        dataset (Dataset): the dataset.
+        name (str): the column's name.
+    """
     return dataset.data.column(name).to_numpy()
 
 
 def eligible_rows(dataset: Dataset, config: BuildConfig, token_budget: np.ndarray | None, report: Report) -> np.ndarray:
-    """Row numbers that pass every filter, counting drops by reason."""
+    """Row numbers that pass every filter, counting drops by reason.
+
+    Args:
+        dataset (Dataset): the analysed requests.
+        config (BuildConfig): the build's settings.
+        token_budget (np.ndarray | None): each row's token count, capped at caps.max_tokens; None: no cap.
+        report (Report): the build's report, which counts drops.
+    """
     keep = np.ones(len(dataset), dtype=bool)
     report.step("requests read and valid", int(keep.sum()))
     short = column(dataset, "num_segments") < config.filters.min_segments
@@ -68,7 +86,12 @@ def _apply(keep: np.ndarray, drop: np.ndarray, reason: str, report: Report) -> N
 
 
 def spaced_prefixes(n: int, count: int) -> list[int]:
-    """`count` prefix indices of 1..n, evenly spaced, always including n (the full request)."""
+    """`count` prefix indices of 1..n, evenly spaced, always including n (the full request).
+
+    Args:
+        n (int): the request's segment count.
+        count (int): how many prefixes to keep (0 or n and more: all).
+    """
     if count <= 0 or count >= n:
         return list(range(1, n + 1))
     if count == 1:
@@ -77,7 +100,14 @@ def spaced_prefixes(n: int, count: int) -> list[int]:
 
 
 def choose(rows: np.ndarray, num_segments: np.ndarray, config: BuildConfig, report: Report) -> Selection:
-    """Shuffle with the seed, take requests until caps.max_pairs, split by request."""
+    """Shuffle with the seed, take requests until caps.max_pairs, split by request.
+
+    Args:
+        rows (np.ndarray): the eligible row numbers.
+        num_segments (np.ndarray): each row's segment count.
+        config (BuildConfig): the build's settings.
+        report (Report): the build's report.
+    """
     order = np.random.default_rng(config.seed).permutation(rows)
     per_request, budget = config.caps.max_pairs_per_request, config.caps.max_pairs
     counts = num_segments[order].astype(np.int64)

@@ -73,7 +73,13 @@ def _checked(
 
 
 def lmsys(row: dict[str, Any], number: int, limits: Limits) -> Request | str:
-    """LMSYS-Chat-1M: the first user turn, answered by the first assistant turn."""
+    """LMSYS-Chat-1M: the first user turn, answered by the first assistant turn.
+
+    Args:
+        row (dict[str, Any]): a row of the source.
+        number (int): the row's number in the source, for an id it lacks.
+        limits (Limits): the length limits of a request and an answer.
+    """
     for field in ("conversation_id", "language"):
         value = _text(row, field)
         if isinstance(value, _Reason):
@@ -119,12 +125,23 @@ def _flagged(moderation: Any) -> bool:
 
 
 def mbpp_request(text: str, tests: list[str]) -> str:
-    """The MBPP request: the task description, then the asserts the code must pass."""
+    """The MBPP request: the task description, then the asserts the code must pass.
+
+    Args:
+        text (str): the task description.
+        tests (list[str]): the asserts.
+    """
     return "".join(segment_mbpp(text, tests))
 
 
 def mbpp(row: dict[str, Any], number: int, limits: Limits) -> Request | str:
-    """MBPP (full release): the ids of the selected splits (train 601-974 by default); the reference is the canonical code."""
+    """MBPP (full release): the ids of the selected splits (train 601-974 by default); the reference is the canonical code.
+
+    Args:
+        row (dict[str, Any]): a row of the source.
+        number (int): the row's number in the source, for an id it lacks.
+        limits (Limits): the length limits of a request and an answer.
+    """
     task_id = row.get("task_id")
     if not isinstance(task_id, int) or isinstance(task_id, bool):
         return "missing_field:task_id" if task_id is None else "non_int_field:task_id"
@@ -157,7 +174,13 @@ def _pair_source(name: str, request_field: str, answer_field: str, id_field: str
 
 
 def embedded(row: dict[str, Any], number: int, limits: Limits) -> Request | str:
-    """Requests shipped with the project ({id, request, reference?})."""
+    """Requests shipped with the project ({id, request, reference?}).
+
+    Args:
+        row (dict[str, Any]): a row of the source.
+        number (int): the row's number in the source, for an id it lacks.
+        limits (Limits): the length limits of a request and an answer.
+    """
     request = _text(row, "request")
     if isinstance(request, _Reason):
         return request

@@ -38,15 +38,27 @@ class DataSource:
     evaluation: bool = True  # an evaluation set: training data is decontaminated against it
 
     def local_path(self, data_dir: Path | None = None) -> Path | None:
-        """Where the vendored copy lives under `data_dir` (default: the repository's data/)."""
+        """Where the vendored copy lives under `data_dir` (default: the repository's data/).
+
+        Args:
+            data_dir (Path | None): the data folder; None: the repository's data/.
+        """
         return None if self.local is None else Path(data_dir or DATA_DIR) / self.local
 
     def keeps(self, row: dict[str, Any]) -> bool:
-        """Whether a row of the file belongs to this split (by `id_field` in `ids`)."""
+        """Whether a row of the file belongs to this split (by `id_field` in `ids`).
+
+        Args:
+            row (dict[str, Any]): a row of the source's file.
+        """
         return self.ids is None or int(row[self.id_field]) in self.ids
 
     def texts(self, row: dict[str, Any]) -> Iterator[str]:
-        """Every string under the text fields of a row (lists and nested records flattened)."""
+        """Every string under the text fields of a row (lists and nested records flattened).
+
+        Args:
+            row (dict[str, Any]): a row of the source's file.
+        """
         for name in self.fields:
             yield from strings(row.get(name))
 
@@ -101,7 +113,11 @@ EVALUATION_SETS: tuple[str, ...] = tuple(name for name, source in DATA.items() i
 
 
 def strings(value: Any) -> Iterator[str]:
-    """The strings in a field value: itself, or those inside its lists and records."""
+    """The strings in a field value: itself, or those inside its lists and records.
+
+    Args:
+        value (Any): a field's value: a string, a list, a record, or anything else (no strings).
+    """
     if isinstance(value, str):
         yield value
     elif isinstance(value, (list, tuple)):
@@ -113,7 +129,11 @@ def strings(value: Any) -> Iterator[str]:
 
 
 def hub_rows(source: DataSource) -> list[dict[str, Any]]:
-    """Every row of the source's hub split (a URL is read as a JSON-lines file). Needs the network."""
+    """Every row of the source's hub split (a URL is read as a JSON-lines file). Needs the network.
+
+    Args:
+        source (DataSource): the split to read.
+    """
     import datasets
 
     if source.hub_id.startswith(("http://", "https://")):
@@ -123,7 +143,12 @@ def hub_rows(source: DataSource) -> list[dict[str, Any]]:
 
 def read_rows(source: DataSource, path: str | Path | None = None) -> list[dict[str, Any]]:
     """Rows of `path` when given (never the hub), else of the source's hub split.
-    A file without a row is an error: an empty table would pass for a result."""
+    A file without a row is an error: an empty table would pass for a result.
+
+    Args:
+        source (DataSource): the split to read.
+        path (str | Path | None): a local file of its rows; None: the hub split.
+    """
     if path is None:
         return hub_rows(source)
     rows = list(iter_rows(resolve_path(path)))
@@ -133,7 +158,13 @@ def read_rows(source: DataSource, path: str | Path | None = None) -> list[dict[s
 
 
 def require_fields(rows: Iterable[dict[str, Any]], fields: tuple[str, ...], source: str) -> None:
-    """Fail with the missing field's name rather than a KeyError deep inside a loader."""
+    """Fail with the missing field's name rather than a KeyError deep inside a loader.
+
+    Args:
+        rows (Iterable[dict[str, Any]]): the rows to check.
+        fields (tuple[str, ...]): the fields each row must have.
+        source (str): the source's name, for the message.
+    """
     for index, row in enumerate(rows, 1):
         missing = [f for f in fields if f not in row]
         if missing:

@@ -18,7 +18,12 @@ DEVICE_NAME = re.compile(rf"(?:{'|'.join(DEVICE_TYPES)})(?::\d+)?")
 
 
 def check_dtype(dtype: str | None, setting: str = "dtype") -> None:
-    """Refuse a dtype name the loader would fail on only once it loads (None: the device's default)."""
+    """Refuse a dtype name the loader would fail on only once it loads (None: the device's default).
+
+    Args:
+        dtype (str | None): the dtype name ("bfloat16", "float32"), or None.
+        setting (str): the setting's name, for the message.
+    """
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"{setting}={dtype!r}: use {', '.join(DTYPES)} (or leave it unset: bfloat16 on GPU, "
                          "float32 on CPU)")
@@ -27,6 +32,11 @@ def check_dtype(dtype: str | None, setting: str = "dtype") -> None:
 def check_device(device: str | None, setting: str = "device") -> None:
     """Refuse, at configuration time, a device name torch cannot parse. Whether CUDA works is
     the machine's, not the configuration's (slurm/pipeline.sh validates recipes on a login node
-    without GPUs): `headstart.devices.resolve_device` checks it when the run starts."""
+    without GPUs): `headstart.devices.resolve_device` checks it when the run starts.
+
+    Args:
+        device (str | None): the device name ("cpu", "cuda", "cuda:1"), or None.
+        setting (str): the setting's name, for the message.
+    """
     if device is not None and not DEVICE_NAME.fullmatch(device):
         raise ValueError(f"{setting}={device!r} is not a torch device (cpu, cuda, cuda:N, mps)")

@@ -36,7 +36,11 @@ class CudaUnusableError(ValueError):
 
 
 def environment_gpu_requests(environ: Mapping[str, str] | None = None) -> list[str]:
-    """The variables of `environ` that hand this process GPUs, as `NAME=value`."""
+    """The variables of `environ` that hand this process GPUs, as `NAME=value`.
+
+    Args:
+        environ (Mapping[str, str] | None): the environment to read; None: this process's.
+    """
     environ = os.environ if environ is None else environ
     none = {SLURM_GPU_COUNT: ("", "0"), **{name: ("", "(null)") for name in SLURM_GPU_INDICES},
             "CUDA_VISIBLE_DEVICES": NO_GPU_VISIBLE}
@@ -49,7 +53,11 @@ NVIDIA_DRIVER_FILE = Path("/proc/driver/nvidia/version")
 
 
 def host_gpu_requests(driver_file: Path = NVIDIA_DRIVER_FILE) -> list[str]:
-    """A GPU driver on this host asks for its GPU: a torch that cannot use it is a broken install."""
+    """A GPU driver on this host asks for its GPU: a torch that cannot use it is a broken install.
+
+    Args:
+        driver_file (Path): the file the NVIDIA driver exposes when loaded.
+    """
     return [f"an NVIDIA driver ({driver_file})"] if driver_file.exists() else []
 
 
@@ -67,7 +75,11 @@ def cuda_state() -> str:
 
 
 def require_cuda(asked: list[str]) -> None:
-    """Refuse when anything in `asked` (what asked for a GPU, in words) did and CUDA is unusable."""
+    """Refuse when anything in `asked` (what asked for a GPU, in words) did and CUDA is unusable.
+
+    Args:
+        asked (list[str]): what asked for a GPU, in words (empty: nothing did).
+    """
     if not asked or torch.cuda.is_available():
         return
     hint = ("install a CUDA build of torch" if not torch.version.cuda else
@@ -81,7 +93,12 @@ def require_cuda(asked: list[str]) -> None:
 
 def gpu_requests(environ: Mapping[str, str] | None = None, driver_file: Path = NVIDIA_DRIVER_FILE) -> list[str]:
     """Everything that asks this process for a GPU. `CUDA_VISIBLE_DEVICES` set to hide every GPU
-    is an explicit CPU choice that a driver on the host does not overrule."""
+    is an explicit CPU choice that a driver on the host does not overrule.
+
+    Args:
+        environ (Mapping[str, str] | None): the environment to read; None: this process's.
+        driver_file (Path): the file the NVIDIA driver exposes when loaded.
+    """
     environ = os.environ if environ is None else environ
     hidden = environ.get("CUDA_VISIBLE_DEVICES", None)
     host = [] if hidden is not None and hidden.strip() in NO_GPU_VISIBLE else host_gpu_requests(driver_file)
@@ -89,13 +106,22 @@ def gpu_requests(environ: Mapping[str, str] | None = None, driver_file: Path = N
 
 
 def default_device(environ: Mapping[str, str] | None = None) -> str:
-    """cuda when it works; cpu when it does not and nothing asked for a GPU (else refused)."""
+    """cuda when it works; cpu when it does not and nothing asked for a GPU (else refused).
+
+    Args:
+        environ (Mapping[str, str] | None): the environment to read; None: this process's.
+    """
     require_cuda(environment_gpu_requests(environ))
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def resolve_device(device: str | None, environ: Mapping[str, str] | None = None) -> str:
-    """The device a run asks for (None: `default_device`), checked: a cuda device needs CUDA."""
+    """The device a run asks for (None: `default_device`), checked: a cuda device needs CUDA.
+
+    Args:
+        device (str | None): the device the run asks for ("cpu", "cuda", "cuda:1"), or None.
+        environ (Mapping[str, str] | None): the environment to read; None: this process's.
+    """
     if device is None:
         return default_device(environ)
     if device.startswith("cuda"):
@@ -107,7 +133,14 @@ def idle_cores_note(device_type: str, local_processes: int, threads: int | None 
                     cores: int | None = None) -> str | None:
     """A note when CPU training leaves cores idle: `accelerate launch` gives its processes
     OMP_NUM_THREADS=1 unless `--num_cpu_threads_per_process` says otherwise (its own sizing only
-    applies with `--cpu`), so a single process trained on one core without saying so."""
+    applies with `--cpu`), so a single process trained on one core without saying so.
+
+    Args:
+        device_type (str): the training device's type ("cpu", "cuda").
+        local_processes (int): how many training processes run on this node.
+        threads (int | None): the threads each process computes with; None: torch's count in this process.
+        cores (int | None): the cores this process may use; None: counted here.
+    """
     threads = torch.get_num_threads() if threads is None else threads
     if cores is None:  # the cores this process may run on (macOS has no affinity call: all of them)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
-CHUNK = 1 << 20  # 1 MiB reads: bounded memory for any file size
+CHUNK = 1 << 20  # the read size: bounded memory for any file size
 
 
 @dataclass
@@ -39,7 +39,11 @@ class RawRow:
 
 
 def file_format(path: Path) -> str:
-    """"jsonl", "jsonl.gz", "json", "json.gz" or "parquet", from the file's name."""
+    """"jsonl", "jsonl.gz", "json", "json.gz" or "parquet", from the file's name.
+
+    Args:
+        path (Path): the data file.
+    """
     name = path.name.lower()
     for suffix in sorted(SUFFIXES, key=len, reverse=True):
         if name.endswith(suffix):
@@ -50,12 +54,20 @@ def file_format(path: Path) -> str:
 def iter_raw_rows(path: str | Path) -> Iterator[RawRow]:
     """Every row of a local file; a line that is not UTF-8 or not a JSON object is a RawRow
     with its drop reason. A file that cannot be read at all (gzip, parquet, a .json that is
-    not an array) is a ValueError naming it."""
+    not an array) is a ValueError naming it.
+
+    Args:
+        path (str | Path): the data file (JSON lines, JSON or parquet, gzipped or not).
+    """
     yield from _read(Path(path), strict_utf8=False)
 
 
 def iter_rows(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Every row of a local file as a dict; the first bad row is a ValueError naming the file and line."""
+    """Every row of a local file as a dict; the first bad row is a ValueError naming the file and line.
+
+    Args:
+        path (str | Path): the data file (JSON lines, JSON or parquet, gzipped or not).
+    """
     path = Path(path)
     for row in _read(path, strict_utf8=True):
         if row.error is not None:
@@ -168,7 +180,11 @@ def _parquet_rows(path: Path, batch_size: int = 4096) -> Iterator[RawRow]:
 def read_text(path: str | Path) -> str:
     """A whole UTF-8 text file; one that is not UTF-8 is a ValueError naming the file, the line
     and the byte (a bare UnicodeDecodeError names none of them, and is a ValueError too: an
-    entry point would print it as its one error line)."""
+    entry point would print it as its one error line).
+
+    Args:
+        path (str | Path): the text file.
+    """
     path = Path(path)
     blob = path.read_bytes()
     try:
@@ -180,7 +196,11 @@ def read_text(path: str | Path) -> str:
 
 def read_json_file(path: str | Path) -> Any:
     """A whole JSON file (a dataset's dataset_dict.json or state.json, a DeepSpeed config); one
-    that is not UTF-8 or not JSON is a ValueError naming the file and the line."""
+    that is not UTF-8 or not JSON is a ValueError naming the file and the line.
+
+    Args:
+        path (str | Path): the JSON file.
+    """
     text = read_text(path)
     try:
         return json.loads(text)
@@ -190,7 +210,11 @@ def read_json_file(path: str | Path) -> Any:
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """The records of a JSON-lines log ([] when absent). The last line, cut short by a crash
-    mid-write, is dropped; a bad line anywhere else is damage: a ValueError naming it."""
+    mid-write, is dropped; a bad line anywhere else is damage: a ValueError naming it.
+
+    Args:
+        path (str | Path): the JSON-lines log.
+    """
     path = Path(path)
     if not path.exists():
         return []
@@ -207,7 +231,13 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 
 def append_jsonl(path: str | Path, records: Iterable[dict[str, Any]], **dumps: Any) -> None:
     """Append records (`json.dumps(record, **dumps)` each), on disk before this returns. A last
-    line an earlier crash cut short is cut away first: it would otherwise swallow the next record."""
+    line an earlier crash cut short is cut away first: it would otherwise swallow the next record.
+
+    Args:
+        path (str | Path): the JSON-lines file, created if absent.
+        records (Iterable[dict[str, Any]]): the records to append.
+        dumps (Any): keyword arguments of `json.dumps` for each record.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(record, **dumps) + "\n" for record in records)
@@ -241,7 +271,13 @@ def _drop_cut_line(path: Path) -> None:
 
 def write_jsonl(path: str | Path, records: Iterable[dict[str, Any]], **dumps: Any) -> None:
     """Replace a JSON-lines file whole: written beside it, then renamed over it, so that a
-    crash leaves the old file or the new one, never half of one."""
+    crash leaves the old file or the new one, never half of one.
+
+    Args:
+        path (str | Path): the JSON-lines file.
+        records (Iterable[dict[str, Any]]): the records it holds afterwards.
+        dumps (Any): keyword arguments of `json.dumps` for each record.
+    """
     path = Path(path)
     partial = path.with_name(path.name + ".partial")
     with open(partial, "w", encoding="utf-8") as handle:

@@ -30,7 +30,11 @@ class ModelFileError(ValueError):
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file's content; an unreadable or malformed one is refused naming the file."""
+    """A JSON file's content; an unreadable or malformed one is refused naming the file.
+
+    Args:
+        path (Path): the JSON file.
+    """
     try:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -38,7 +42,11 @@ def read_json(path: Path) -> Any:
 
 
 def check_safetensors(path: Path) -> None:
-    """Refuse a safetensors file that is empty, not safetensors, or shorter than its header says."""
+    """Refuse a safetensors file that is empty, not safetensors, or shorter than its header says.
+
+    Args:
+        path (Path): the safetensors file.
+    """
     size = path.stat().st_size
     try:
         with path.open("rb") as stream:
@@ -66,6 +74,11 @@ def check_safetensors(path: Path) -> None:
 
 
 def check_weights_file(path: Path) -> None:
+    """Refuse a weights file that is missing or empty, or a safetensors file that is not whole.
+
+    Args:
+        path (Path): the weights file.
+    """
     if not path.is_file():
         raise ModelFileError(f"{path}: weights file missing")
     if path.suffix == ".safetensors":
@@ -75,7 +88,11 @@ def check_weights_file(path: Path) -> None:
 
 
 def check_model_dir(directory: Path) -> None:
-    """A full or merged model directory: config.json, and weights (single or sharded) whole."""
+    """A full or merged model directory: config.json, and weights (single or sharded) whole.
+
+    Args:
+        directory (Path): the model directory.
+    """
     config = directory / "config.json"
     if not config.is_file():
         raise ModelFileError(f"{directory}: no config.json: not a model directory (nor an adapter: no {ADAPTER_CONFIG})")
@@ -96,12 +113,20 @@ def check_model_dir(directory: Path) -> None:
 
 
 def is_adapter_dir(path: str | Path) -> bool:
-    """Whether a path is a PEFT adapter directory (it holds adapter_config.json)."""
+    """Whether a path is a PEFT adapter directory (it holds adapter_config.json).
+
+    Args:
+        path (str | Path): the path to look at.
+    """
     return (Path(path).expanduser() / ADAPTER_CONFIG).is_file()
 
 
 def adapter_base(name_or_path: str | Path) -> str | None:
-    """The base model a local PEFT adapter directory names, else None (not an adapter)."""
+    """The base model a local PEFT adapter directory names, else None (not an adapter).
+
+    Args:
+        name_or_path (str | Path): a model source; only a local adapter directory has a base.
+    """
     if not is_adapter_dir(name_or_path):
         return None
     path = Path(name_or_path).expanduser() / ADAPTER_CONFIG
@@ -114,7 +139,11 @@ def adapter_base(name_or_path: str | Path) -> str | None:
 
 def check_adapter_dir(directory: Path) -> None:
     """A PEFT adapter directory: adapter_config.json parses and names its base; the adapter's
-    weights are there and whole."""
+    weights are there and whole.
+
+    Args:
+        directory (Path): the adapter directory.
+    """
     adapter_base(directory)
     found = next((directory / name for name in ADAPTER_WEIGHTS if (directory / name).is_file()), None)
     if found is None:
@@ -123,6 +152,11 @@ def check_adapter_dir(directory: Path) -> None:
 
 
 def check_gguf(path: Path) -> None:
+    """Refuse a file that does not start with the GGUF magic.
+
+    Args:
+        path (Path): the GGUF file.
+    """
     with path.open("rb") as stream:
         if stream.read(4) != GGUF_MAGIC:
             raise ModelFileError(f"{path}: not a GGUF file (no GGUF magic at its start)")
@@ -130,7 +164,11 @@ def check_gguf(path: Path) -> None:
 
 def check_local_source(name_or_path: str) -> None:
     """Check a local model source (a .gguf file, an adapter, or a model directory) by its
-    files; a name that is not a local path (embedded name, hub id) is left to its loader."""
+    files; a name that is not a local path (embedded name, hub id) is left to its loader.
+
+    Args:
+        name_or_path (str): the model source.
+    """
     path = Path(name_or_path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         check_gguf(path)

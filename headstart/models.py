@@ -56,7 +56,11 @@ def cache_dir() -> Path:
 
 
 def embedded_gguf_path(name: str) -> Path:
-    """The GGUF file of an embedded model, found without importing its package."""
+    """The GGUF file of an embedded model, found without importing its package.
+
+    Args:
+        name (str): the embedded model's name.
+    """
     package, filename = EMBEDDED_MODELS[name.lower()]
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
@@ -71,7 +75,11 @@ def embedded_gguf_path(name: str) -> Path:
 
 
 def resolve_model_dir(name_or_path: str) -> str:
-    """A name or path transformers can load directly: GGUF sources become a cached directory."""
+    """A name or path transformers can load directly: GGUF sources become a cached directory.
+
+    Args:
+        name_or_path (str): an embedded name, a hub id, a .gguf file, or a model or adapter directory.
+    """
     if name_or_path.lower() in EMBEDDED_MODELS:
         return str(convert_gguf(embedded_gguf_path(name_or_path)))
     if name_or_path.endswith(".gguf"):
@@ -92,7 +100,11 @@ CONVERTED_GGUF_NAME = re.compile(r"(?P<stem>.+)-[0-9a-f]{12}")
 
 
 def converted_gguf_stem(directory: Path) -> str | None:
-    """The stem of the GGUF file `convert_gguf` made `directory` from (None: not such a directory)."""
+    """The stem of the GGUF file `convert_gguf` made `directory` from (None: not such a directory).
+
+    Args:
+        directory (Path): a directory that may be one `convert_gguf` made.
+    """
     converted = CONVERTED_GGUF_NAME.fullmatch(directory.name)
     if converted and directory.parent.resolve() == (cache_dir() / "gguf").resolve():
         return converted["stem"]
@@ -100,7 +112,11 @@ def converted_gguf_stem(directory: Path) -> str | None:
 
 
 def convert_gguf(gguf_path: Path) -> Path:
-    """Dequantise a GGUF file into a transformers directory, once per file content."""
+    """Dequantise a GGUF file into a transformers directory, once per file content.
+
+    Args:
+        gguf_path (Path): the GGUF file to convert.
+    """
     stat = gguf_path.stat()
     key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     target = cache_dir() / "gguf" / f"{gguf_path.stem}-{key}"
@@ -125,24 +141,42 @@ def convert_gguf(gguf_path: Path) -> Path:
 
 
 def end_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config=None) -> set[int]:
-    """Every id that ends an answer: the tokenizer's EOS and those of the model's generation config."""
+    """Every id that ends an answer: the tokenizer's EOS and those of the model's generation config.
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        generation_config: the model's generation config, whose `eos_token_id` (one id or a list) adds to the
+            tokenizer's; None: the tokenizer's only.
+    """
     configured = getattr(generation_config, "eos_token_id", None)
     ids = {tokenizer.eos_token_id, *(configured if isinstance(configured, (list, tuple)) else [configured])}
     return {i for i in ids if i is not None}
 
 
 def default_dtype(device: str) -> torch.dtype:
-    """fp32 on CPU (bf16 matmuls are slow and lossy there), bf16 on GPU."""
+    """fp32 on CPU (bf16 matmuls are slow and lossy there), bf16 on GPU.
+
+    Args:
+        device (str): the device the model runs on ("cpu", "cuda", "cuda:1").
+    """
     return torch.bfloat16 if device.startswith("cuda") else torch.float32
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """A torch dtype as configs spell it ("bfloat16")."""
+    """A torch dtype as configs spell it ("bfloat16").
+
+    Args:
+        dtype (torch.dtype): the dtype to name.
+    """
     return str(dtype).removeprefix("torch.")
 
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """The tokenizer of a model source, with a pad token set (EOS when it has none)."""
+    """The tokenizer of a model source, with a pad token set (EOS when it has none).
+
+    Args:
+        name_or_path (str): the model source (embedded name, hub id, .gguf file, model or adapter directory).
+    """
     base = adapter_base(name_or_path)
     source = base if base and not _has_tokenizer(name_or_path) else name_or_path
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(source))
@@ -160,7 +194,17 @@ def load_model(
     device: str | None = None,
 ) -> LoadedModel:
     """Load a model and tokenizer; `adapter` (or an adapter directory as the
-    source) wraps the base in PEFT, and `merge` folds the adapter into the weights."""
+    source) wraps the base in PEFT, and `merge` folds the adapter into the weights.
+
+    Args:
+        name_or_path (str): the model source: an embedded name, a hub id, a .gguf file, a model directory, or an adapter
+            directory (its base loads under it).
+        adapter (str | None): a PEFT adapter directory to wrap the base in; None: none, unless `name_or_path` is one.
+        merge (bool): fold the adapter into the base's weights instead of keeping the PEFT wrapper.
+        dtype (torch.dtype | str | None): the weights' dtype, a torch dtype or its name; None: `default_dtype` of the
+            device.
+        device (str | None): where the model loads; None: the best device here (`headstart.devices.resolve_device`).
+    """
     base = name_or_path
     adapter_from_source = adapter_base(name_or_path)
     if adapter_from_source:
@@ -183,8 +227,13 @@ def load_model(
 def from_pretrained_kwargs(device: str, dtype: torch.dtype | str | None = None) -> dict:
     """`from_pretrained` arguments that load a model (full, merged, or the base under an adapter)
     in `dtype` (None: `default_dtype` of the device) straight onto `device`. Loading on the CPU
-    first and moving it after needs the whole model in host memory: 16 GB for an 8B model in
-    bf16, more than a job's share of a node under typical per-CPU memory defaults."""
+    first and moving it after needs the whole model in host memory (two bytes a parameter in
+    bf16), more than a job's share of a node under typical per-CPU memory defaults.
+
+    Args:
+        device (str): the device the weights load onto.
+        dtype (torch.dtype | str | None): the weights' dtype, a torch dtype or its name; None: `default_dtype(device)`.
+    """
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     return {"dtype": dtype or default_dtype(device), "device_map": device}
@@ -192,13 +241,17 @@ def from_pretrained_kwargs(device: str, dtype: torch.dtype | str | None = None) 
 
 # What `download_model` fetches of a hub repository: configs, tokenizer and safetensors
 # weights (`*.bin` only where a repository has no safetensors); never the duplicate
-# original-format checkpoints some repositories carry (Llama's original/, 16 GB).
+# original-format checkpoints some repositories carry (Llama's original/, a second copy of the weights).
 DOWNLOAD_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
 DOWNLOAD_IGNORED = ["original/*", "*.pth", "*.gguf", "*.onnx", "*.msgpack", "*.h5"]
 
 
 def is_hub_id(name_or_path: str) -> bool:
-    """A name that only the hub can resolve: not embedded, not a .gguf file, not a local path."""
+    """A name that only the hub can resolve: not embedded, not a .gguf file, not a local path.
+
+    Args:
+        name_or_path (str): the model source to classify.
+    """
     if name_or_path.lower() in EMBEDDED_MODELS or name_or_path.endswith(".gguf"):
         return False
     if name_or_path.startswith((".", "/", "~")) or Path(name_or_path).expanduser().exists():
@@ -211,7 +264,12 @@ def download_model(name_or_path: str) -> str | None:
     that every later `from_pretrained` of the same id reads the cache; for an adapter
     directory, its base. Embedded names, .gguf files and local directories need nothing
     (returns None). Offline (`HF_HUB_OFFLINE=1`) it only checks the cache. Returns the
-    snapshot directory. Pre-download for nodes without internet: `python -m train.download`."""
+    snapshot directory. Pre-download for nodes without internet: `python -m train.download`.
+
+    Args:
+        name_or_path (str): the model source: a hub id, an adapter directory (its base is fetched), or a source that
+            needs nothing.
+    """
     base = adapter_base(name_or_path)
     repo = base or name_or_path
     if not is_hub_id(repo):
@@ -247,7 +305,12 @@ def weights_fingerprint(name_or_path: str, adapter: str | None = None) -> str:
     - a hub id: the commit of the snapshot it resolves to, a content hash the hub
       already keeps for every file of the repository (offline: the cached snapshot);
     - an adapter: its directory's files and its base model's fingerprint.
-    Returns "sha256:<hex>" over the parts."""
+    Returns "sha256:<hex>" over the parts.
+
+    Args:
+        name_or_path (str): the model source, as `load_model` takes it.
+        adapter (str | None): the PEFT adapter directory loaded over it, or None.
+    """
     base = name_or_path
     adapter_from_source = adapter_base(name_or_path)
     if adapter_from_source:

@@ -44,7 +44,11 @@ TRAINING_RECORD = "headstart.json"
 
 def canonical_system_setting(setting: str) -> str:
     """The setting in its canonical spelling; literal text as it is. A single word that is
-    not a setting is an error (a typo must not become the system message)."""
+    not a setting is an error (a typo must not become the system message).
+
+    Args:
+        setting (str): the system setting as written: a setting's name (any case) or literal text.
+    """
     if not isinstance(setting, str) or not setting.strip():
         raise ValueError(f"system message setting must be non-empty text, got {setting!r}")
     setting = SYSTEM_ALIASES.get(setting, setting)
@@ -60,7 +64,11 @@ def canonical_system_setting(setting: str) -> str:
 def check_evaluation_system_setting(setting: str) -> str:
     """`canonical_system_setting` for a run that builds its own prompts (evaluation, the live
     page): `dataset` names training rows' own turns and is refused. Config validation calls
-    it, so a typo is refused before any model loads."""
+    it, so a typo is refused before any model loads.
+
+    Args:
+        setting (str): the system setting as written.
+    """
     setting = canonical_system_setting(setting)
     if setting == "dataset":
         raise ValueError("system message 'dataset' (each row's own) applies to training data only; "
@@ -69,7 +77,11 @@ def check_evaluation_system_setting(setting: str) -> str:
 
 
 def read_training_record(source: str | Path | None) -> dict[str, Any] | None:
-    """The training record of a model or adapter directory (None: not a directory, or none recorded)."""
+    """The training record of a model or adapter directory (None: not a directory, or none recorded).
+
+    Args:
+        source (str | Path | None): a model or adapter directory, or any other model source (None: none).
+    """
     if source is None:
         return None
     path = Path(str(source)).expanduser() / TRAINING_RECORD
@@ -85,6 +97,12 @@ def read_training_record(source: str | Path | None) -> dict[str, Any] | None:
 
 
 def write_training_record(directory: str | Path, record: dict[str, Any]) -> Path:
+    """Write `record` as the training record of `directory` (created if need be); returns the file written.
+
+    Args:
+        directory (str | Path): the model or adapter directory.
+        record (dict[str, Any]): what training records of its run (the system message among it).
+    """
     path = Path(directory) / TRAINING_RECORD
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
@@ -94,7 +112,12 @@ def write_training_record(directory: str | Path, record: dict[str, Any]) -> Path
 def resolve_system_message(setting: str, model_source: str | Path | None = None) -> str | None:
     """The system message text for `setting`, None for no system turn. `model` reads what
     `model_source` (an adapter or merged directory) was trained with. `dataset` keeps each
-    training row's own turn: the caller handles it (train/tokenization.py), it has no text here."""
+    training row's own turn: the caller handles it (train/tokenization.py), it has no text here.
+
+    Args:
+        setting (str): the system setting (a setting's name or literal text).
+        model_source (str | Path | None): the model source whose training record the `model` setting reads, or None.
+    """
     setting = canonical_system_setting(setting)
     if setting == "incomplete":
         return INCOMPLETE_REQUEST_SYSTEM
@@ -124,7 +147,11 @@ CHATML_TEMPLATE = (
 
 
 def detect_family(tokenizer: PreTrainedTokenizerBase) -> Family:
-    """Recognise the chat format from the tokenizer's template markers."""
+    """Recognise the chat format from the tokenizer's template markers.
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+    """
     template = tokenizer.chat_template or ""
     if isinstance(template, dict):
         template = template.get("default", "")
@@ -143,7 +170,13 @@ def build_messages(
     history: list[dict[str, str]] | None = None,
     system: str | None = None,
 ) -> list[dict[str, str]]:
-    """The dialogue for one request: optional system message, earlier turns, the request."""
+    """The dialogue for one request: optional system message, earlier turns, the request.
+
+    Args:
+        request (str): the user's request.
+        history (list[dict[str, str]] | None): earlier turns as {"role", "content"} dicts, or None.
+        system (str | None): the system message, or None for no system turn.
+    """
     messages = [{"role": "system", "content": system}] if system else []
     return messages + list(history or []) + [{"role": "user", "content": request}]
 
@@ -158,7 +191,14 @@ def render_prompt(
     Qwen3 renders with thinking off (an empty think block opens the answer). ReFusion
     renders as upstream trains and evaluates it (ML-GSAI/ReFusion: train.py applies the
     template's default, generate.py and eval.py pass enable_thinking=True): no think
-    block, the answer starts right after `<|im_start|>assistant\n`."""
+    block, the answer starts right after `<|im_start|>assistant\n`.
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        messages (list[dict[str, str]]): the dialogue (`build_messages`).
+        family (Family | None): the chat format; None: `detect_family(tokenizer)`.
+        add_generation_prompt (bool): end with the assistant turn's opening, where the answer begins.
+    """
     family = family or detect_family(tokenizer)
     if family == "gemma3":
         messages = _fold_system_into_first_user_turn(messages)
@@ -178,7 +218,13 @@ def encode_prompt(
     messages: list[dict[str, str]],
     family: Family | None = None,
 ) -> list[int]:
-    """Token ids of the rendered prompt; the template already holds any BOS token."""
+    """Token ids of the rendered prompt; the template already holds any BOS token.
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        messages (list[dict[str, str]]): the dialogue (`build_messages`).
+        family (Family | None): the chat format; None: `detect_family(tokenizer)`.
+    """
     text = render_prompt(tokenizer, messages, family)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 

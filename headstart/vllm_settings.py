@@ -75,6 +75,10 @@ class VLLMSettings:
 
 
 def vllm_python(settings: VLLMSettings | None = None) -> Path:
-    """The interpreter the workers run in (see VLLMSettings.python)."""
+    """The interpreter the workers run in (see VLLMSettings.python).
+
+    Args:
+        settings (VLLMSettings | None): the run's vLLM settings; None: the defaults.
+    """
     chosen = (settings.python if settings else None) or os.environ.get("HEADSTART_VLLM_PYTHON")
     return Path(chosen) if chosen else DEFAULT_VENV / "bin" / "python"

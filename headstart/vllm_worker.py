@@ -69,6 +69,11 @@ class Worker:
         self.llm = LLM(**llm_settings)
 
     def run(self, message: dict) -> dict:
+        """Answer one request from the client: `generate` or `prompt_logprobs`, by its "op".
+
+        Args:
+            message (dict): the request: its "op" and that operation's fields.
+        """
         if message["op"] == "generate":
             return {"answers": self.generate(message)}
         if message["op"] == "prompt_logprobs":
@@ -76,6 +81,12 @@ class Worker:
         raise ValueError(f"unknown operation {message['op']!r}")
 
     def generate(self, message: dict) -> list[list[int]]:
+        """Greedy answers to the message's prompts, each ending at a stop token (kept) or its budget.
+
+        Args:
+            message (dict): the request: "prompts" (token ids), "max_tokens" (one budget per prompt), "stop_token_ids",
+                and "lora" (name and path) or None.
+        """
         from vllm import SamplingParams
 
         stops = list(message.get("stop_token_ids") or [])
@@ -97,6 +108,12 @@ class Worker:
         return answers
 
     def prompt_logprobs(self, message: dict) -> list[list[list[float]]]:
+        """For each prompt, [log-probability, rank] of every token from its start on, given the tokens before it.
+
+        Args:
+            message (dict): the request: "prompts" (token ids), "starts" (one index per prompt), and "lora" (name and
+                path) or None.
+        """
         from vllm import SamplingParams
 
         # One generated token is the least vLLM computes; prompt_logprobs=1 adds the argmax beside the

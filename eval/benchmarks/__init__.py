@@ -50,7 +50,13 @@ def quality_metrics() -> dict[str, str]:
 
 def get_benchmark(name: str, path: str | None = None, cpu_seconds: int | None = None) -> Benchmark:
     """Instantiate a benchmark by name; `path` reads a local copy instead of the default
-    source; `cpu_seconds` overrides the CPU limit of the programs it executes."""
+    source; `cpu_seconds` overrides the CPU limit of the programs it executes.
+
+    Args:
+        name (str): the benchmark's name.
+        path (str | None): a local copy of its data, or None for the default source.
+        cpu_seconds (int | None): the CPU limit of each program it runs, or None for the default.
+    """
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(sorted(BENCHMARKS))}")
     benchmark_class = BENCHMARKS[name].loader
@@ -66,7 +72,12 @@ def data_fingerprint(name: str, path: str | None = None) -> str:
     local file(s) (a directory: every file under it; chat's MT-Bench questions: their
     folder, which holds the reference answers), or, for a hub source, "hub:" and the
     dataset ids, configs and splits (named, not hashed: the hub resolves them).
-    FileNotFoundError when a local file is absent."""
+    FileNotFoundError when a local file is absent.
+
+    Args:
+        name (str): the benchmark's name.
+        path (str | None): a local copy of its data, or None for the default source.
+    """
     if path is None and name == "humaneval":
         path = HUMAN_EVAL
     if path is None:

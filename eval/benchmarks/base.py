@@ -35,19 +35,31 @@ class Score:
 
 
 def streamable(requests: list[Request]) -> list[Request]:
-    """PROTOCOL.md: requests of a single segment have nothing to stream and are excluded."""
+    """PROTOCOL.md: requests of a single segment have nothing to stream and are excluded.
+
+    Args:
+        requests (list[Request]): the requests.
+    """
     return [request for request in requests if len(request.segments) >= 2]
 
 
 def execution_score(result: ExecutionResult) -> Score:
-    """The score of an executed program: pass or fail, its status (with why it failed), its containment."""
+    """The score of an executed program: pass or fail, its status (with why it failed), its containment.
+
+    Args:
+        result (ExecutionResult): the program's execution.
+    """
     return Score(value=float(result.passed), passed=result.passed, detail=status_detail(result),
                  containment=result.containment)
 
 
 def status_detail(result: ExecutionResult) -> str:
     """The status; for a failure, the run's most telling line too: the trusted tests' error where
-    they reported one, else the last line of the program's stderr (already escaped)."""
+    they reported one, else the last line of the program's stderr (already escaped).
+
+    Args:
+        result (ExecutionResult): the program's execution.
+    """
     if result.passed:
         return result.status
     lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
@@ -61,6 +73,19 @@ class Benchmark(Protocol):
 
     name: str
 
-    def load(self, limit: int | None = None) -> list[Request]: ...
+    def load(self, limit: int | None = None) -> list[Request]:
+        """The benchmark's streamable requests, in a fixed order.
 
-    def score(self, request: Request, answer: str) -> Score: ...
+        Args:
+            limit (int | None): the most requests to return (the first ones); None: all.
+        """
+        ...
+
+    def score(self, request: Request, answer: str) -> Score:
+        """The score of `answer` to `request`.
+
+        Args:
+            request (Request): the request, with its reference.
+            answer (str): the model's answer to the complete request.
+        """
+        ...

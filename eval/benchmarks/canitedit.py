@@ -28,6 +28,11 @@ class CanItEdit:
         self.instruction = f"instruction_{instruction}"
 
     def load(self, limit: int | None = None) -> list[Request]:
+        """CanItEdit's streamable requests, by problem id.
+
+        Args:
+            limit (int | None): the most requests to return (the first ones); None: all.
+        """
         rows = read_rows(SOURCE, self.path)
         require_fields(rows, SOURCE.schema, f"CanItEdit {self.path or SOURCE.hub_id}")
         requests = streamable([self._request(row) for row in sorted(rows, key=lambda r: int(r["id"]))])
@@ -40,6 +45,12 @@ class CanItEdit:
                        reference=reference)
 
     def score(self, request: Request, answer: str) -> Score:
+        """Pass when the edited program passes the problem's tests; skipped when they need a missing library.
+
+        Args:
+            request (Request): the request, with its reference.
+            answer (str): the model's answer to the complete request.
+        """
         # A problem whose program or tests import a missing library is skipped.
         missing = missing_modules(request.reference["before"], request.reference["tests"])
         if missing:

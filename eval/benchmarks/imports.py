@@ -10,7 +10,11 @@ from functools import cache
 
 
 def imported_modules(source: str) -> set[str]:
-    """Top-level names of every absolute import in `source` (none if it does not parse)."""
+    """Top-level names of every absolute import in `source` (none if it does not parse).
+
+    Args:
+        source (str): Python source.
+    """
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -26,14 +30,29 @@ def imported_modules(source: str) -> set[str]:
 
 @cache
 def installed(module: str) -> bool:
+    """Whether `module` can be imported here.
+
+    Args:
+        module (str): a top-level module's name.
+    """
     return importlib.util.find_spec(module) is not None
 
 
 def missing_modules(*sources: str, extra: tuple[str, ...] = ()) -> list[str]:
-    """Modules imported by `sources` (plus `extra`) that cannot be found, sorted."""
+    """Modules imported by `sources` (plus `extra`) that cannot be found, sorted.
+
+    Args:
+        sources (str): Python sources.
+        extra (tuple[str, ...]): modules needed besides those imported.
+    """
     needed = set(extra).union(*(imported_modules(s) for s in sources))
     return sorted(m for m in needed if not installed(m))
 
 
 def skipped_detail(missing: list[str]) -> str:
+    """The detail of a score skipped for missing modules.
+
+    Args:
+        missing (list[str]): the modules that are not installed.
+    """
     return f"skipped: {', '.join(missing)} not installed"

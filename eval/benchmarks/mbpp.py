@@ -20,7 +20,11 @@ SOURCE = DATA["mbpp_test"]
 
 
 def entry_point(tests: list[str]) -> str | None:
-    """The function the asserts call first (`assert name(`)."""
+    """The function the asserts call first (`assert name(`).
+
+    Args:
+        tests (list[str]): the assert lines.
+    """
     match = re.search(r"assert\s+\(?\s*([A-Za-z_]\w*)\s*\(", tests[0]) if tests else None
     return match.group(1) if match else None
 
@@ -29,7 +33,13 @@ def program_names(tests: list[str], setup: str, entry: str | None) -> tuple[str,
     """The program's functions and classes the setup and the asserts call (the entry point, and
     any other name neither they nor the builtins define), when the tests can run apart from the
     program: every such name is only ever called (what a class builds stays in the program's
-    process, a handle on the trusted side: task 367's trees). None when they cannot."""
+    process, a handle on the trusted side: task 367's trees). None when they cannot.
+
+    Args:
+        tests (list[str]): the assert lines.
+        setup (str): the problem's setup code.
+        entry (str | None): the entry point, or None.
+    """
     try:
         tree = ast.parse(setup + "\n" + "\n".join(tests))
     except SyntaxError:
@@ -69,6 +79,11 @@ class MBPP:
         self.limits = limits
 
     def load(self, limit: int | None = None) -> list[Request]:
+        """MBPP's streamable requests of the selected split, by task id.
+
+        Args:
+            limit (int | None): the most requests to return (the first ones); None: all.
+        """
         rows = read_rows(SOURCE, self.path)
         require_fields(rows, SOURCE.schema, f"MBPP {self.path or SOURCE.hub_id}")
         requests = [self._request(row) for row in rows if SOURCE.keeps(row)]
@@ -85,6 +100,12 @@ class MBPP:
         return Request(f"mbpp/{row['task_id']}", segment_mbpp(description, row["test_list"]), reference=reference)
 
     def score(self, request: Request, answer: str) -> Score:
+        """Pass when the asserts pass against the answer's code.
+
+        Args:
+            request (Request): the request, with its reference.
+            answer (str): the model's answer to the complete request.
+        """
         ref = request.reference
         code = extract_code(answer, ref["entry_point"])
         names = program_names(ref["tests"], ref["setup"], ref["entry_point"])

@@ -19,7 +19,11 @@ class AcceptanceRule:
 
     @classmethod
     def parse(cls, spec: str) -> AcceptanceRule:
-        """Read `greedy` or `threshold:0.9`."""
+        """Read `greedy` or `threshold:0.9`.
+
+        Args:
+            spec (str): the rule as configured.
+        """
         if spec == "greedy":
             return cls("greedy")
         if spec.startswith("threshold:"):
@@ -44,7 +48,12 @@ class AcceptanceRule:
 
     def passes(self, logits: torch.Tensor, draft: list[int]) -> torch.Tensor:
         """Whether each draft token passes on its own; `logits[j]` is the verifier's
-        prediction for draft position j."""
+        prediction for draft position j.
+
+        Args:
+            logits (torch.Tensor): the verifier's logits, one row per draft position.
+            draft (list[int]): the draft's token ids.
+        """
         import torch  # here, not above: parsing a rule (a config, `--help`) needs no torch
 
         tokens = torch.tensor(draft, device=logits.device, dtype=torch.long)
@@ -56,7 +65,12 @@ class AcceptanceRule:
     def accepted_length(self, logits: torch.Tensor, draft: list[int]) -> int:
         """Length of the leading run of `draft` that passes; `logits[j]` is the
         verifier's prediction for draft position j (causal engines form it without
-        seeing draft[j]; the bidirectional control does not)."""
+        seeing draft[j]; the bidirectional control does not).
+
+        Args:
+            logits (torch.Tensor): the verifier's logits, one row per draft position.
+            draft (list[int]): the draft's token ids.
+        """
         if not draft:
             return 0
         failures = (~self.passes(logits, draft)).nonzero()
@@ -64,7 +78,11 @@ class AcceptanceRule:
 
     def accepted_length_from_scores(self, scores: list[tuple[float, int]]) -> int:
         """`accepted_length` from each draft token's (log-probability, rank) under the
-        verifier, rank 1 being the argmax: what vLLM's prompt log-probabilities give."""
+        verifier, rank 1 being the argmax: what vLLM's prompt log-probabilities give.
+
+        Args:
+            scores (list[tuple[float, int]]): (log-probability, rank) of each draft token under the verifier.
+        """
         for index, (logprob, rank) in enumerate(scores):
             if not (rank == 1 if self.kind == "greedy" else math.exp(logprob) >= self.tau):
                 return index

@@ -40,7 +40,12 @@ class DecodeState:
 
 
 def proposal_outcome(proposal: list[int], kept: int) -> str:
-    """How a lookup proposal fared: 'none' proposed, 'wrong', 'partial' or 'full'."""
+    """How a lookup proposal fared: 'none' proposed, 'wrong', 'partial' or 'full'.
+
+    Args:
+        proposal (list[int]): the proposed tokens.
+        kept (int): how many of them the verify pass kept.
+    """
     if not proposal:
         return "none"
     return "wrong" if kept == 0 else "full" if kept == len(proposal) else "partial"
@@ -56,17 +61,29 @@ class AREngine(StreamingEngine):
         self.decoder_config = decoder_config(model)  # the layer types and window a tree's masks follow
 
     def new_state(self, lookup: bool = True) -> DecodeState:
-        """A fresh request; `lookup=False` regenerates plainly whatever the decode settings say."""
+        """A fresh request; `lookup=False` regenerates plainly whatever the decode settings say.
+
+        Args:
+            lookup (bool): decode with lookup when the decode settings ask for it; False: plainly.
+        """
         policy = self.spec.lookup if lookup else None
         return DecodeState(cache=new_cache(self.model), lookup=policy)
 
     def baseline(self, prompt_ids: list[int]) -> UpdateResult:
-        """Plain greedy decoding of S_n from scratch: what a user gets without streaming."""
+        """Plain greedy decoding of S_n from scratch: what a user gets without streaming.
+
+        Args:
+            prompt_ids (list[int]): the complete request's prompt, S_n.
+        """
         return self.update(self.new_state(lookup=False), prompt_ids, ("baseline", "baseline"))
 
     def lookup_baseline(self, prompt_ids: list[int]) -> UpdateResult:
         """The lookup decoder on S_n from scratch, the request its only source:
-        what streaming adds beyond lookup decoding."""
+        what streaming adds beyond lookup decoding.
+
+        Args:
+            prompt_ids (list[int]): the complete request's prompt, S_n.
+        """
         return self.update(self.new_state(), prompt_ids, ("lookup_baseline", "lookup_baseline"))
 
     @torch.inference_mode()
@@ -75,7 +92,15 @@ class AREngine(StreamingEngine):
     ) -> torch.Tensor:
         """Feed `token_ids` after the cached ones; logits of the last `logits_to_keep`
         positions. Counted under `phase` (None: set-up work outside any measurement).
-        `tree_inputs`: a token tree's position ids and attention mask."""
+        `tree_inputs`: a token tree's position ids and attention mask.
+
+        Args:
+            state (DecodeState): the request's decoding state, whose cache grows.
+            token_ids (list[int]): the tokens to feed.
+            phase (str | None): the phase the forward is counted and timed under, or None.
+            logits_to_keep (int): how many last positions' logits to return.
+            tree_inputs: `position_ids` and `attention_mask` of a token tree's forward, or nothing for a chain.
+        """
         input_ids = torch.tensor([token_ids], device=self.model.device)
         output = self.model(
             input_ids=input_ids, past_key_values=state.cache, use_cache=True, logits_to_keep=logits_to_keep, **tree_inputs
@@ -88,14 +113,27 @@ class AREngine(StreamingEngine):
     def prime(self, state: DecodeState, prompt_ids: list[int], draft: list[int],
               earlier_drafts: list[list[int]] = ()) -> None:
         """Put the engine where it stands after drafting `draft` for `prompt_ids`
-        (cache over prompt + draft minus its last token), without counting."""
+        (cache over prompt + draft minus its last token), without counting.
+
+        Args:
+            state (DecodeState): the request's decoding state.
+            prompt_ids (list[int]): the prompt the draft was written for.
+            draft (list[int]): the draft the engine holds afterwards.
+            earlier_drafts (list[list[int]]): the drafts before it, newest first, for lookup.
+        """
         self.crop(state, 0)
         self.forward(state, prompt_ids + draft[:-1], phase=None)
         state.draft = list(draft)
         state.earlier_drafts = [list(d) for d in earlier_drafts]
 
     def update(self, state: DecodeState, prompt_ids: list[int], phases: tuple[str, str]) -> UpdateResult:
-        """Verify the held draft against `prompt_ids`, accept, regenerate: the new draft."""
+        """Verify the held draft against `prompt_ids`, accept, regenerate: the new draft.
+
+        Args:
+            state (DecodeState): the request's decoding state.
+            prompt_ids (list[int]): the prompt as known now, S_i.
+            phases (tuple[str, str]): the phases the verify pass and the regeneration are counted under.
+        """
         verify_phase, regenerate_phase = phases
         clock, calls_before = self.stopwatch(), sum(self.forwards.values())
         draft = state.draft
@@ -157,4 +195,10 @@ class AREngine(StreamingEngine):
 
     @staticmethod
     def crop(state: DecodeState, length: int) -> None:
+        """Cut the state's cache back to its first `length` tokens.
+
+        Args:
+            state (DecodeState): the request's decoding state.
+            length (int): how many cached tokens to keep.
+        """
         crop_cache(state.cache, state.cached_ids, length)

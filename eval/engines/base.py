@@ -49,7 +49,11 @@ class StreamResult:
 def decoder_config(model: PreTrainedModel) -> PretrainedConfig:
     """The config of `model`'s text decoder, the one home of every mask and cache decision: a
     multimodal model (Gemma3ForConditionalGeneration, as gemma-3-12b-it loads) keeps
-    `layer_types` and `sliding_window` in its `text_config` only, a causal LM at its top."""
+    `layer_types` and `sliding_window` in its `text_config` only, a causal LM at its top.
+
+    Args:
+        model (PreTrainedModel): the loaded model.
+    """
     return model.config.get_text_config(decoder=True)
 
 
@@ -59,7 +63,11 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
     back to any length. transformers' sliding layers drop states older than the window,
     and cannot be cropped once it is full (Gemma-3). The model's attention mask still
     limits a sliding layer to its window: sized against a full-length layer, it is the
-    mask of a forward with no cache (tests/test_sliding_window.py checks it)."""
+    mask of a forward with no cache.
+
+    Args:
+        model (PreTrainedModel): the model the cache serves.
+    """
     cache = DynamicCache(config=decoder_config(model))
     cache.layers = [
         DynamicLayer() if isinstance(layer, DynamicLayer) and getattr(layer, "is_sliding", False) else layer
@@ -70,7 +78,13 @@ def new_cache(model: PreTrainedModel) -> DynamicCache:
 
 def crop_cache(cache: DynamicCache, held: list, length: int) -> None:
     """Cut a KV cache and the list of what it holds (token ids, or token-position
-    pairs) back to their first `length` entries."""
+    pairs) back to their first `length` entries.
+
+    Args:
+        cache (DynamicCache): the KV cache.
+        held (list): what the cache holds, entry by entry.
+        length (int): how many entries to keep.
+    """
     excess = cache.get_seq_length() - length
     if excess > 0:
         cache.crop(-excess)
@@ -78,7 +92,12 @@ def crop_cache(cache: DynamicCache, held: list, length: int) -> None:
 
 
 def keep_cache_positions(cache: DynamicCache, positions: list[int]) -> None:
-    """Keep only the cache entries at `positions` (in order): the accepted branch of a token tree."""
+    """Keep only the cache entries at `positions` (in order): the accepted branch of a token tree.
+
+    Args:
+        cache (DynamicCache): the KV cache.
+        positions (list[int]): the entries to keep.
+    """
     index = torch.tensor(positions, device=cache.layers[0].keys.device)
     for layer in cache.layers:
         layer.keys = layer.keys.index_select(-2, index)
@@ -86,7 +105,12 @@ def keep_cache_positions(cache: DynamicCache, positions: list[int]) -> None:
 
 
 def set_cache_batch(cache: DynamicCache, rows: int) -> None:
-    """Give the cache `rows` identical batch rows (it holds one shared context)."""
+    """Give the cache `rows` identical batch rows (it holds one shared context).
+
+    Args:
+        cache (DynamicCache): the KV cache, one batch row.
+        rows (int): the batch rows it gets.
+    """
     current = cache.layers[0].keys.shape[0]
     if rows > current:
         if current != 1:
@@ -115,20 +139,40 @@ class StreamingEngine:
         return Stopwatch(self.model.device, self.spec.timing)
 
     def finished(self, answer: list[int]) -> bool:
+        """Whether `answer` is finished: it ends with an EOS, or reached the token budget.
+
+        Args:
+            answer (list[int]): the answer's token ids.
+        """
         return answer_finished(answer, self.eos_token_ids, self.max_new_tokens)
 
     def new_state(self) -> Any:
         raise NotImplementedError
 
     def update(self, state: Any, prompt_ids: list[int], phases: tuple[str, str]) -> UpdateResult:
+        """Verify the held draft against `prompt_ids`, keep what passes, and decode the rest: the new draft.
+
+        Args:
+            state (Any): the request's decoding state.
+            prompt_ids (list[int]): the prompt as known now, S_i.
+            phases (tuple[str, str]): the phases the verify pass and the regeneration are counted under.
+        """
         raise NotImplementedError
 
     def baseline(self, prompt_ids: list[int]) -> UpdateResult:
-        """Decode S_n from scratch: an update with no draft and a fresh state."""
+        """Decode S_n from scratch: an update with no draft and a fresh state.
+
+        Args:
+            prompt_ids (list[int]): the complete request's prompt, S_n.
+        """
         return self.update(self.new_state(), prompt_ids, ("baseline", "baseline"))
 
     def stream(self, prompts: list[list[int]]) -> StreamResult:
-        """Replay S_1..S_n; updates before the last are drafting, the last is residual."""
+        """Replay S_1..S_n; updates before the last are drafting, the last is residual.
+
+        Args:
+            prompts (list[list[int]]): the prompts S_1..S_n as token ids.
+        """
         state = self.new_state()
         steps = []
         for index, prompt_ids in enumerate(prompts):

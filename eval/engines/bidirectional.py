@@ -23,14 +23,25 @@ from eval.engines.decode import DecodeSpec
 def full_attention_mask(length: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A (1, 1, length, length) additive mask of zeros: every position sees every
     other. transformers passes a 4D mask through unchanged (masking_utils returns
-    it as-is) and then runs SDPA with is_causal=False, so causality is really off
-    (tests/test_bidirectional.py checks it)."""
+    it as-is) and then runs SDPA with is_causal=False, so causality is really off.
+
+    Args:
+        length (int): the sequence's length.
+        dtype (torch.dtype): the mask's dtype.
+        device (torch.device): the mask's device.
+    """
     return torch.zeros(1, 1, length, length, dtype=dtype, device=device)
 
 
 @torch.inference_mode()
 def bidirectional_logits(model: PreTrainedModel, token_ids: list[int], keep: int) -> torch.Tensor:
-    """Float logits of the last `keep` positions of `token_ids` under full attention."""
+    """Float logits of the last `keep` positions of `token_ids` under full attention.
+
+    Args:
+        model (PreTrainedModel): the model.
+        token_ids (list[int]): the sequence.
+        keep (int): how many last positions' logits to return.
+    """
     input_ids = torch.tensor([token_ids], device=model.device)
     mask = full_attention_mask(len(token_ids), model.dtype, model.device)
     output = model(input_ids=input_ids, attention_mask=mask, use_cache=False, logits_to_keep=keep)
@@ -59,7 +70,14 @@ class BidirectionalEngine(StreamingEngine):
     def forward(
         self, state: BidirectionalState, token_ids: list[int], phase: str | None, logits_to_keep: int = 1
     ) -> torch.Tensor:
-        """One full-attention call over `token_ids`, counted under `phase`."""
+        """One full-attention call over `token_ids`, counted under `phase`.
+
+        Args:
+            state (BidirectionalState): the request's decoding state.
+            token_ids (list[int]): the whole sequence.
+            phase (str | None): the phase the forward is counted and timed under, or None.
+            logits_to_keep (int): how many last positions' logits to return.
+        """
         logits = bidirectional_logits(self.model, token_ids, logits_to_keep)
         if phase:
             self.forwards[phase] += 1
@@ -67,7 +85,13 @@ class BidirectionalEngine(StreamingEngine):
 
     def update(self, state: BidirectionalState, prompt_ids: list[int], phases: tuple[str, str]) -> UpdateResult:
         """Verify the draft in one full-attention forward (token j judged AT position
-        j, seeing itself), keep the accepted leading run, remask the rest, denoise."""
+        j, seeing itself), keep the accepted leading run, remask the rest, denoise.
+
+        Args:
+            state (BidirectionalState): the request's decoding state.
+            prompt_ids (list[int]): the prompt as known now, S_i.
+            phases (tuple[str, str]): the phases the verify pass and the denoising are counted under.
+        """
         verify_phase, regenerate_phase = phases
         clock, calls_before = self.stopwatch(), sum(self.forwards.values())
         draft, accepted = state.draft, 0
@@ -82,7 +106,13 @@ class BidirectionalEngine(StreamingEngine):
 
     def denoise(self, prompt_ids: list[int], prefix: list[int], phase: str) -> list[int]:
         """Fill the buffer after `prefix`: each step predicts every masked position
-        and unmasks the most confident ones; the answer ends at its first EOS."""
+        and unmasks the most confident ones; the answer ends at its first EOS.
+
+        Args:
+            prompt_ids (list[int]): the prompt.
+            prefix (list[int]): the answer tokens kept.
+            phase (str): the phase the forwards are counted and timed under.
+        """
         buffer = prefix + [self.mask_token_id] * (self.max_new_tokens - len(prefix))
         for count in self.schedule(self.max_new_tokens - len(prefix)):
             logits = self.forward(BidirectionalState(), prompt_ids + buffer, phase, logits_to_keep=len(buffer))
@@ -98,6 +128,10 @@ class BidirectionalEngine(StreamingEngine):
 
     def schedule(self, masked: int) -> list[int]:
         """Tokens unmasked per step: a full buffer takes `steps` steps, a residue of
-        `masked` tokens the same share of them, spread as evenly as possible."""
+        `masked` tokens the same share of them, spread as evenly as possible.
+
+        Args:
+            masked (int): how many tokens are masked.
+        """
         steps = min(masked, max(1, math.ceil(self.steps * masked / self.max_new_tokens)))
         return [masked // steps + (1 if i < masked % steps else 0) for i in range(steps)]

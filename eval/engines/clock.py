@@ -12,7 +12,7 @@ device a phase is timed by one of two modes (`DecodeSpec.timing`):
   end; the elapsed time between them, read once the end event has completed.
 
 Off CUDA both are the host's `perf_counter`: CPU work is done when a call returns.
-Every timed phase of the engines goes through `Stopwatch` (tests/test_clock.py checks it).
+Every timed phase of the engines goes through `Stopwatch`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,12 @@ from eval.engines.decode import TIMING_MODES
 
 def timing_method(device: torch.device, mode: str) -> str:
     """How a phase on `device` is timed under `mode`: `mode` itself on a CUDA
-    device, 'host' (plain perf_counter) on any other. Decides without calling CUDA."""
+    device, 'host' (plain perf_counter) on any other. Decides without calling CUDA.
+
+    Args:
+        device (torch.device): the device the phase runs on.
+        mode (str): the configured timing mode.
+    """
     if mode not in TIMING_MODES:
         raise ValueError(f"timing must be one of {', '.join(TIMING_MODES)}, not {mode!r}")
     return mode if torch.device(device).type == "cuda" else "host"

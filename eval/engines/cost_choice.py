@@ -31,7 +31,11 @@ Option = tuple[int, int]  # (candidates kept, tokens per candidate); (0, 0): a p
 
 
 def powers_up_to(limit: int) -> list[int]:
-    """1, 2, 4, ... below `limit`, and `limit` itself."""
+    """1, 2, 4, ... below `limit`, and `limit` itself.
+
+    Args:
+        limit (int): the largest value.
+    """
     values, value = [], 1
     while value < limit:
         values.append(value)
@@ -40,13 +44,22 @@ def powers_up_to(limit: int) -> list[int]:
 
 
 def options(policy: LookupPolicy) -> list[Option]:
-    """What the chooser may verify under `policy`; the configured proposal is the last."""
+    """What the chooser may verify under `policy`; the configured proposal is the last.
+
+    Args:
+        policy (LookupPolicy): the lookup policy.
+    """
     longest = max(policy.block, policy.max_block)
     return [(0, 0)] + [(trees, length) for trees in powers_up_to(policy.tree) for length in powers_up_to(longest)]
 
 
 def cut(candidates: list[list[int]], option: Option) -> list[list[int]]:
-    """The first `option[0]` candidates, each cut to `option[1]` tokens (distinct ones only)."""
+    """The first `option[0]` candidates, each cut to `option[1]` tokens (distinct ones only).
+
+    Args:
+        candidates (list[list[int]]): the candidate continuations, best first.
+        option (Option): (candidates kept, tokens per candidate).
+    """
     trees, length = option
     kept: list[list[int]] = []
     for candidate in candidates[:trees]:
@@ -57,14 +70,23 @@ def cut(candidates: list[list[int]], option: Option) -> list[list[int]]:
 
 
 def width(branches: list[list[int]]) -> int:
-    """Tokens a forward feeds to verify `branches`: the answer's last token and the trie's nodes."""
+    """Tokens a forward feeds to verify `branches`: the answer's last token and the trie's nodes.
+
+    Args:
+        branches (list[list[int]]): the branches to verify.
+    """
     return 1 + len(TokenTree.from_branches(branches).tokens)
 
 
 def settled_gain(branches: list[list[int]], known: list[int]) -> int | None:
     """Tokens a forward verifying `branches` would have added where the answer went on with
     `known` (the longest branch run it agrees with, and the token after); None while `known`
-    is too short to tell."""
+    is too short to tell.
+
+    Args:
+        branches (list[list[int]]): the branches the forward would verify.
+        known (list[int]): the answer's tokens after the forward's start, as far as they are known.
+    """
     best = 0
     for branch in branches:
         matched = common_prefix_length(branch, known)
@@ -95,6 +117,11 @@ class CostChooser:
         self.pending: list[Pending] = []
 
     def cost(self, width: int) -> float:
+        """What a forward of `width` tokens costs, in one-token steps (past the table's widest: the widest's).
+
+        Args:
+            width (int): the forward's width in tokens.
+        """
         return self.costs[min(width, len(self.costs)) - 1]
 
     def _settle(self, answer: list[int]) -> None:
@@ -111,7 +138,12 @@ class CostChooser:
         self.pending = still
 
     def branches(self, answer: list[int], budget: int) -> list[list[int]]:
-        """The branches of the option with the most settled tokens per unit of cost."""
+        """The branches of the option with the most settled tokens per unit of cost.
+
+        Args:
+            answer (list[int]): the answer so far.
+            budget (int): the most tokens a branch may propose.
+        """
         self._settle(answer)
         candidates = self.proposer.branches(answer, budget)
         if not candidates:

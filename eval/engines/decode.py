@@ -186,7 +186,11 @@ class DecodeSpec:
         return self._width_table
 
     def use_width_table(self, table: WidthCost | None) -> None:
-        """Set the table `width_cost=auto` resolved to, once the model has loaded."""
+        """Set the table `width_cost=auto` resolved to, once the model has loaded.
+
+        Args:
+            table (WidthCost | None): the resolved table, or None.
+        """
         self._width_table, self._policy = table, None
 
     def chain_lookup(self) -> LookupPolicy | None:
@@ -226,5 +230,9 @@ class DecodeSpec:
 
 
 def decode_label(decode: DecodeSpec) -> str:
-    """A short name of the decode settings for titles: acceptance rule and regeneration."""
+    """A short name of the decode settings for titles: acceptance rule and regeneration.
+
+    Args:
+        decode (DecodeSpec): the decode settings.
+    """
     return f"{decode.acceptance}, regenerate={decode.regenerate}"

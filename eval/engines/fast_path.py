@@ -50,7 +50,16 @@ def batched_greedy(
 ) -> list[list[int]]:
     """Greedy answers to several prompts, left-padded batches; each answer ends
     at its first EOS (kept) or at `max_new_tokens` (one for all, or one per prompt).
-    Prompts are batched by length (less padding); answers come in the prompts' order."""
+    Prompts are batched by length (less padding); answers come in the prompts' order.
+
+    Args:
+        model (PreTrainedModel): the model.
+        prompts (list[list[int]]): the prompts' token ids.
+        pad_token_id (int): the id that pads a batch's shorter prompts.
+        eos_token_ids (set[int]): the ids that end an answer.
+        max_new_tokens (int | list[int]): the most tokens an answer may have: one for all prompts, or one per prompt.
+        batch_size (int): the most prompts a forward decodes.
+    """
     budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     answers: list[list[int]] = [[] for _ in prompts]
@@ -103,10 +112,22 @@ class Drafter(Protocol):
     Forwards are never asked of it: they are computed from the tokens by `update_cost`."""
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[list[int]]:
-        """Greedy answers, each ending at its first EOS (kept) or its budget, in the prompts' order."""
+        """Greedy answers, each ending at its first EOS (kept) or its budget, in the prompts' order.
+
+        Args:
+            prompts (list[list[int]]): the prompts' token ids.
+            max_new_tokens (int | list[int]): the most tokens an answer may have: one for all prompts, or one per
+                prompt.
+        """
 
     def accepted_lengths(self, prompts: list[list[int]], drafts: list[list[int]], rule: AcceptanceRule) -> list[int]:
-        """Accepted length of each draft after its prompt, by one verify pass each."""
+        """Accepted length of each draft after its prompt, by one verify pass each.
+
+        Args:
+            prompts (list[list[int]]): the prompts' token ids.
+            drafts (list[list[int]]): each prompt's draft.
+            rule (AcceptanceRule): the acceptance rule.
+        """
 
     def close(self) -> None:
         """Release what the drafter holds (engine processes)."""
@@ -122,9 +143,23 @@ class TransformersDrafter:
     batch_size: int  # EvalConfig.fast_batch_size
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[list[int]]:
+        """`batched_greedy` on the drafter's model.
+
+        Args:
+            prompts (list[list[int]]): the prompts' token ids.
+            max_new_tokens (int | list[int]): the most tokens an answer may have: one for all prompts, or one per
+                prompt.
+        """
         return batched_greedy(self.model, prompts, self.pad_token_id, self.eos_token_ids, max_new_tokens, self.batch_size)
 
     def accepted_lengths(self, prompts: list[list[int]], drafts: list[list[int]], rule: AcceptanceRule) -> list[int]:
+        """Accepted length of each draft after its prompt, by one forward each.
+
+        Args:
+            prompts (list[list[int]]): the prompts' token ids.
+            drafts (list[list[int]]): each prompt's draft.
+            rule (AcceptanceRule): the acceptance rule.
+        """
         return [verified_length(self.model, prompt, draft, rule) for prompt, draft in zip(prompts, drafts)]
 
     def close(self) -> None:
@@ -147,7 +182,15 @@ def greedy_update(answers: list[list[int]], prompts: list[list[int]], index: int
                   eos_token_ids: set[int]) -> UpdateResult:
     """Update `index` of a request under `greedy`, where D_i = greedy(S_i): it holds
     D_{index-1} (none at the first), keeps its common prefix with D_index and ends with
-    D_index; its forwards computed from the tokens, untimed."""
+    D_index; its forwards computed from the tokens, untimed.
+
+    Args:
+        answers (list[list[int]]): the greedy answers D_1..D_n of the request's prompts.
+        prompts (list[list[int]]): the request's prompts S_1..S_n.
+        index (int): the update's index in them.
+        decode (DecodeSpec): the decode settings.
+        eos_token_ids (set[int]): the ids that end an answer.
+    """
     held = answers[index - 1] if index else []
     answer = answers[index]
     accepted = common_prefix_length(held, answer)
@@ -161,7 +204,16 @@ def greedy_drafting(
     answer: list[int] | None = None, counted: bool = False,
 ) -> Drafting:
     """Drafting of one request under `greedy` (D_1..D_{n-1}); `answer`: the drafter's D_n (`counted`:
-    the request is counted from it, not timed)."""
+    the request is counted from it, not timed).
+
+    Args:
+        drafts (list[list[int]]): the greedy answers D_1..D_{n-1}.
+        prompts (list[list[int]]): the request's prompts S_1..S_n.
+        decode (DecodeSpec): the decode settings.
+        eos_token_ids (set[int]): the ids that end an answer.
+        answer (list[int] | None): the drafter's D_n, or None.
+        counted (bool): whether the request is counted from `answer` rather than timed.
+    """
     forwards = sum(greedy_update(drafts, prompts, index, decode, eos_token_ids).forwards for index in range(len(drafts)))
     return Drafting(drafts, forwards, answer, counted)
 
@@ -169,7 +221,14 @@ def greedy_drafting(
 def counted_results(prompts: list[list[int]], drafting: Drafting, decode: DecodeSpec,
                     eos_token_ids: set[int]) -> tuple[UpdateResult, UpdateResult | None, UpdateResult]:
     """A request counted, not timed: its plain baseline, lookup baseline (None when
-    regenerating plainly) and final update, from D_1..D_n alone."""
+    regenerating plainly) and final update, from D_1..D_n alone.
+
+    Args:
+        prompts (list[list[int]]): the request's prompts S_1..S_n.
+        drafting (Drafting): the request's drafting, with its answers.
+        decode (DecodeSpec): the decode settings.
+        eos_token_ids (set[int]): the ids that end an answer.
+    """
     answer, prompt = drafting.answer, prompts[-1]
     baseline = UpdateResult(answer, 0, 0, len(answer), None)
     lookup = None
@@ -182,7 +241,14 @@ def counted_results(prompts: list[list[int]], drafting: Drafting, decode: Decode
 def round_drafts(drafter: Drafter, prompts: list[list[list[int]]], decode: DecodeSpec, eos_token_ids: set[int]) -> list[Drafting]:
     """Drafting under any rule for several requests (`prompts[r]` = S_1..S_{n-1}
     of request r): update i of every request in one round, verify each draft
-    (one forward), then regenerate from the accepted prefixes in one batch."""
+    (one forward), then regenerate from the accepted prefixes in one batch.
+
+    Args:
+        drafter (Drafter): the drafter that answers and verifies.
+        prompts (list[list[list[int]]]): for each request, its prompts S_1..S_{n-1}.
+        decode (DecodeSpec): the decode settings.
+        eos_token_ids (set[int]): the ids that end an answer.
+    """
     drafts: list[list[list[int]]] = [[] for _ in prompts]
     forwards = [0] * len(prompts)
     max_new_tokens = decode.max_new_tokens
@@ -206,7 +272,14 @@ def round_drafts(drafter: Drafter, prompts: list[list[list[int]]], decode: Decod
 
 @torch.inference_mode()
 def verified_length(model: PreTrainedModel, prompt_ids: list[int], draft: list[int], rule: AcceptanceRule) -> int:
-    """Accepted length of `draft` after `prompt_ids`, from one forward (none for an empty draft)."""
+    """Accepted length of `draft` after `prompt_ids`, from one forward (none for an empty draft).
+
+    Args:
+        model (PreTrainedModel): the verifier.
+        prompt_ids (list[int]): the prompt.
+        draft (list[int]): the draft after it.
+        rule (AcceptanceRule): the acceptance rule.
+    """
     if not draft:
         return 0
     logits = model(input_ids=torch.tensor([prompt_ids + draft], device=model.device), logits_to_keep=len(draft) + 1).logits
@@ -214,7 +287,13 @@ def verified_length(model: PreTrainedModel, prompt_ids: list[int], draft: list[i
 
 
 def final_update(engine: AREngine, prompts: list[list[int]], drafting: Drafting) -> UpdateResult:
-    """The residual phase at batch size 1, from the state drafting left behind."""
+    """The residual phase at batch size 1, from the state drafting left behind.
+
+    Args:
+        engine (AREngine): the engine that decodes the residual phase.
+        prompts (list[list[int]]): the request's prompts S_1..S_n.
+        drafting (Drafting): the request's drafting.
+    """
     state = engine.new_state()
     engine.prime(state, prompts[-2], drafting.drafts[-1], earlier_drafts=drafting.drafts[:-1][::-1])
     return engine.update(state, prompts[-1], ("verify", "regenerate"))

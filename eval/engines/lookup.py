@@ -51,7 +51,11 @@ class LookupPolicy:
     costs: tuple[float, ...] = ()  # choice 'cost': a forward of width w costs costs[w - 1] one-token steps
 
     def proposal_length(self, context: int) -> int:
-        """Tokens proposed after a match of `context` tokens: a long match earns a long block."""
+        """Tokens proposed after a match of `context` tokens: a long match earns a long block.
+
+        Args:
+            context (int): the matched context's length in tokens.
+        """
         if not self.max_block:
             return self.block
         return max(self.block, min(self.max_block, 2 * context))
@@ -61,10 +65,21 @@ class ChainProposer:
     """A proposer of one continuation per forward (`propose`), seen as a one-branch tree."""
 
     def propose(self, answer: list[int], budget: int) -> list[int]:
+        """Up to `budget` tokens to verify after `answer` (none: decode plainly).
+
+        Args:
+            answer (list[int]): the answer so far.
+            budget (int): the most tokens to propose.
+        """
         raise NotImplementedError
 
     def branches(self, answer: list[int], budget: int) -> list[list[int]]:
-        """The proposal as a one-branch tree (none when nothing is proposed)."""
+        """The proposal as a one-branch tree (none when nothing is proposed).
+
+        Args:
+            answer (list[int]): the answer so far.
+            budget (int): the most tokens to propose.
+        """
         proposal = self.propose(answer, budget)
         return [proposal] if proposal else []
 
@@ -89,7 +104,12 @@ class LongestMatchProposer(ChainProposer):
 
     def propose(self, answer: list[int], budget: int) -> list[int]:
         """Up to min(proposal length, budget) tokens to verify after `answer`; cut at a source's
-        end and after an EOS."""
+        end and after an EOS.
+
+        Args:
+            answer (list[int]): the answer so far.
+            budget (int): the most tokens to propose.
+        """
         if budget <= 0:
             return []
         self._walk(answer)
@@ -120,7 +140,12 @@ class Proposer(ChainProposer):
         return index
 
     def propose(self, answer: list[int], budget: int) -> list[int]:
-        """Up to min(block, budget) tokens to verify after `answer`; cut after an EOS."""
+        """Up to min(block, budget) tokens to verify after `answer`; cut after an EOS.
+
+        Args:
+            answer (list[int]): the answer so far.
+            budget (int): the most tokens to propose.
+        """
         limit = min(self.policy.block, budget)
         if limit <= 0:
             return []
@@ -143,7 +168,15 @@ def update_proposer(
     eos_token_ids: set[int],
 ) -> AnyProposer | None:
     """The lookup of one update: the unaccepted tail of the held draft, the earlier
-    drafts (newest first), then the request, searched in that order. None: plain."""
+    drafts (newest first), then the request, searched in that order. None: plain.
+
+    Args:
+        policy (LookupPolicy | None): the lookup policy, or None for plain decoding.
+        held_tail (list[int]): the held draft's tokens after those accepted.
+        earlier_drafts (list[list[int]]): the request's earlier drafts, newest first.
+        prompt_ids (list[int]): the prompt as known now.
+        eos_token_ids (set[int]): the ids that end an answer.
+    """
     if policy is None:
         return None
     proposer = TreeProposer if policy.tree > 1 else LongestMatchProposer if policy.match == "longest" else Proposer
@@ -170,7 +203,12 @@ class HeldDraftProposer:
         self.lookup: AnyProposer | None = None
 
     def propose(self, answer: list[int], budget: int) -> list[int]:
-        """Up to `budget` tokens to verify after `answer`."""
+        """Up to `budget` tokens to verify after `answer`.
+
+        Args:
+            answer (list[int]): the answer so far.
+            budget (int): the most tokens to propose.
+        """
         if budget <= 0:
             return []
         if self.accepted is None:
@@ -186,7 +224,14 @@ class HeldDraftProposer:
 
 def regeneration_widths(answer: list[int], start: int, proposer: AnyProposer | None, max_new_tokens: int) -> list[int]:
     """The tokens fed by each forward after the verify pass that decodes `answer[start + 1:]`
-    (the verify pass yields `answer[start]`), when `answer` is what greedy decoding produces."""
+    (the verify pass yields `answer[start]`), when `answer` is what greedy decoding produces.
+
+    Args:
+        answer (list[int]): the answer greedy decoding produces.
+        start (int): the index of the token the verify pass yields.
+        proposer (AnyProposer | None): the update's proposer, or None for plain decoding.
+        max_new_tokens (int): the most tokens an answer may have.
+    """
     length, widths = start + 1, []
     while length < len(answer):
         branches = proposer.branches(answer[:length], max_new_tokens - length - 1) if proposer else []
@@ -203,7 +248,17 @@ def update_widths(
     """The tokens fed by each forward after the verify pass of the update that held `held`
     (earlier drafts `earlier`, newest first), kept `accepted` tokens of it and ended with
     `answer`, computed from the tokens: none when the whole draft was kept and it was
-    finished, else the regeneration's (`regeneration_widths`)."""
+    finished, else the regeneration's (`regeneration_widths`).
+
+    Args:
+        held (list[int]): the draft the update held.
+        answer (list[int]): the answer it ended with.
+        accepted (int): how many tokens of `held` it kept.
+        earlier (list[list[int]]): the drafts before `held`, newest first.
+        prompt_ids (list[int]): the update's prompt.
+        decode (DecodeSpec): the decode settings.
+        eos_token_ids (set[int]): the ids that end an answer.
+    """
     if accepted == len(held) and answer_finished(held, eos_token_ids, decode.max_new_tokens):
         return []
     proposer = update_proposer(decode.lookup, held[accepted:], earlier, prompt_ids, eos_token_ids)
@@ -215,5 +270,15 @@ def update_cost(
     decode: DecodeSpec, eos_token_ids: set[int],
 ) -> int:
     """Forwards of that update (`update_widths`), its verify pass included: what
-    `AREngine.update` executes (tests/test_ar_engine.py checks it on every request)."""
+    `AREngine.update` executes.
+
+    Args:
+        held (list[int]): the draft the update held.
+        answer (list[int]): the answer it ended with.
+        accepted (int): how many tokens of `held` it kept.
+        earlier (list[list[int]]): the drafts before `held`, newest first.
+        prompt_ids (list[int]): the update's prompt.
+        decode (DecodeSpec): the decode settings.
+        eos_token_ids (set[int]): the ids that end an answer.
+    """
     return 1 + len(update_widths(held, answer, accepted, earlier, prompt_ids, decode, eos_token_ids))

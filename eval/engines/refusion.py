@@ -88,7 +88,15 @@ class RefusionEngine(StreamingEngine):
         """One model call on `tokens` (batch, width) after the cache; float logits of
         the last `keep` positions of each row. Counted under `phase` (None: untimed
         set-up). A cache is always passed: without one, transformers would read a
-        gap in the position ids as the start of another packed sequence."""
+        gap in the position ids as the start of another packed sequence.
+
+        Args:
+            cache (DynamicCache): the KV cache the call reads and extends.
+            tokens (torch.Tensor): the token ids, (batch, width).
+            positions (torch.Tensor): their position ids, (batch, width).
+            phase (str | None): the phase the call is counted and timed under, or None.
+            keep (int): how many last positions' logits to return.
+        """
         output = self.model(
             input_ids=tokens.to(self.model.device),
             position_ids=positions.to(self.model.device),
@@ -101,7 +109,14 @@ class RefusionEngine(StreamingEngine):
         return output.logits.float()
 
     def feed(self, state: SlotState, pairs: list[Pair], phase: str | None, keep: int = 1) -> torch.Tensor:
-        """Feed `pairs` after the cached ones (batch 1); logits of the last `keep`."""
+        """Feed `pairs` after the cached ones (batch 1); logits of the last `keep`.
+
+        Args:
+            state (SlotState): the request's decoding state.
+            pairs (list[Pair]): the (token, position) pairs to feed.
+            phase (str | None): the phase the call is counted and timed under, or None.
+            keep (int): how many last positions' logits to return.
+        """
         tokens = torch.tensor([[t for t, _ in pairs]])
         positions = torch.tensor([[p for _, p in pairs]])
         logits = self.run(state.cache, tokens, positions, phase, keep)[0]
@@ -109,19 +124,38 @@ class RefusionEngine(StreamingEngine):
         return logits
 
     def forward(self, state: SlotState, token_ids: list[int], phase: str | None, logits_to_keep: int = 1) -> torch.Tensor:
-        """AREngine's signature (the runner's warm-up): tokens at the next positions."""
+        """AREngine's signature (the runner's warm-up): tokens at the next positions.
+
+        Args:
+            state (SlotState): the request's decoding state.
+            token_ids (list[int]): the tokens to feed.
+            phase (str | None): the phase the call is counted and timed under, or None.
+            logits_to_keep (int): how many last positions' logits to return.
+        """
         start = len(state.cached)
         return self.feed(state, list(zip(token_ids, range(start, start + len(token_ids)))), phase, logits_to_keep)
 
     @staticmethod
     def crop(state: SlotState, length: int) -> None:
+        """Cut the state's cache back to its first `length` entries.
+
+        Args:
+            state (SlotState): the request's decoding state.
+            length (int): how many cached entries to keep.
+        """
         crop_cache(state.cache, state.cached, length)
 
     # ---------------------------------------------------------------- streaming
 
     def update(self, state: SlotState, prompt_ids: list[int], phases: tuple[str, str]) -> UpdateResult:
         """Verify the held draft in one causal forward, keep its accepted leading run,
-        blank the rest and infill it. With no draft this IS the baseline decode."""
+        blank the rest and infill it. With no draft this IS the baseline decode.
+
+        Args:
+            state (SlotState): the request's decoding state.
+            prompt_ids (list[int]): the prompt as known now, S_i.
+            phases (tuple[str, str]): the phases the verify pass and the infilling are counted under.
+        """
         verify_phase, regenerate_phase = phases
         clock, calls_before = self.stopwatch(), sum(self.forwards.values())
         draft = state.draft
@@ -145,7 +179,14 @@ class RefusionEngine(StreamingEngine):
 
     def verify_draft(self, state: SlotState, prompt_ids: list[int], draft: list[int], phase: str | None) -> torch.Tensor:
         """ONE forward over (S_i, D_{i-1}) reusing the cache of the common prefix;
-        row j judges draft[j] causally. The cache is left over prompt + draft."""
+        row j judges draft[j] causally. The cache is left over prompt + draft.
+
+        Args:
+            state (SlotState): the request's decoding state.
+            prompt_ids (list[int]): the prompt, S_i.
+            draft (list[int]): the held draft, D_{i-1}.
+            phase (str | None): the phase the forward is counted and timed under, or None.
+        """
         sequence = _pairs(prompt_ids + draft, 0)
         # Keep at least the last prompt token to feed: its logits judge draft token 0.
         reuse = min(common_prefix_length(state.cached, sequence), len(prompt_ids) - 1)
@@ -156,7 +197,14 @@ class RefusionEngine(StreamingEngine):
 
     def decode(self, state: SlotState, prompt_ids: list[int], prefix: list[int], phase: str) -> list[int]:
         """Plan-and-infill the answer after `prefix`; returns the new tokens (up to
-        and including the first EOS, at most max_new_tokens - len(prefix))."""
+        and including the first EOS, at most max_new_tokens - len(prefix)).
+
+        Args:
+            state (SlotState): the request's decoding state.
+            prompt_ids (list[int]): the prompt.
+            prefix (list[int]): the answer tokens kept.
+            phase (str): the phase the forwards are counted and timed under.
+        """
         context = _pairs(prompt_ids + prefix, 0)
         reuse = common_prefix_length(state.cached, context)
         self.crop(state, reuse)

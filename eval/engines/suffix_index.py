@@ -23,7 +23,12 @@ class JoinedSources:
             self.text.append(-1 - number)  # separator: matches nothing, not even another separator
 
     def tokens_after(self, follow: int, limit: int) -> list[int]:
-        """Up to `limit` tokens from position `follow`, ending with the source they are in."""
+        """Up to `limit` tokens from position `follow`, ending with the source they are in.
+
+        Args:
+            follow (int): the position in the joined sources.
+            limit (int): the most tokens to return.
+        """
         tokens = []
         for token in self.text[follow : follow + limit]:
             if token < 0:  # the separator after the source
@@ -88,7 +93,13 @@ class SuffixIndex(JoinedSources):
             self.first_live[parent] = min(self.first_live[parent], self.first_live[state])
 
     def step(self, state: int, matched: int, token: int) -> tuple[int, int]:
-        """The state and match length after the answer grows by `token`."""
+        """The state and match length after the answer grows by `token`.
+
+        Args:
+            state (int): the automaton's state.
+            matched (int): the current match's length.
+            token (int): the answer's new token.
+        """
         while state and token not in self.next[state]:
             state = self.link[state]
             matched = self.length[state]
@@ -98,7 +109,13 @@ class SuffixIndex(JoinedSources):
 
     def continuation(self, state: int, matched: int, min_context: int) -> tuple[int, int]:
         """(position after the chosen occurrence, context length): the longest context of at
-        least `min_context` tokens with a token after it; (-1, 0) when there is none."""
+        least `min_context` tokens with a token after it; (-1, 0) when there is none.
+
+        Args:
+            state (int): the automaton's state.
+            matched (int): the current match's length.
+            min_context (int): the shortest context that counts.
+        """
         while matched >= min_context and state:
             if self.first_live[state] < self.nowhere:
                 return self.first_live[state] + 1, matched

@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # lookup.py imports this module
 
 ROOT = -1  # a node's parent when it follows the answer's last token
 # Occurrences of the answer's head (the answer less its last d tokens) resumed, longest context
-# first: on recorded HumanEval drafts (tree of 16, realign 3) two give a 5.47x median forward
-# speedup, one 5.27x, three 5.50x with wider trees (docs/results.md#realignment-candidates).
+# first: on recorded HumanEval drafts (tree of 16, realign 3) two give a higher median forward
+# speedup than one, and three gain little over two, and only with wider trees.
 REALIGNED_OCCURRENCES = 2
 
 
@@ -43,6 +43,11 @@ class TokenTree:
 
     @classmethod
     def from_branches(cls, branches: list[list[int]]) -> TokenTree:
+        """The trie of `branches`, shared prefixes one path.
+
+        Args:
+            branches (list[list[int]]): the continuations, each a list of token ids.
+        """
         tree = cls()
         children: dict[tuple[int, int], int] = {}  # (parent, token) -> node
         for branch in branches:
@@ -64,7 +69,11 @@ class TokenTree:
 
     def accepted_path(self, predicted: list[int]) -> list[int]:
         """The nodes of the longest path greedy decoding agrees with, root first:
-        `predicted[0]` is greedy's token after the root, `predicted[i + 1]` after node i."""
+        `predicted[0]` is greedy's token after the root, `predicted[i + 1]` after node i.
+
+        Args:
+            predicted (list[int]): greedy's token after the root and after each node.
+        """
         path: list[int] = []
         current = ROOT
         for node, (token, parent) in enumerate(zip(self.tokens, self.parents)):
@@ -75,7 +84,12 @@ class TokenTree:
 
 
 def tree_matched(branches: list[list[int]], rest: list[int]) -> int:
-    """Tokens of `rest` the tree's best branch proposes in order (what one forward keeps)."""
+    """Tokens of `rest` the tree's best branch proposes in order (what one forward keeps).
+
+    Args:
+        branches (list[list[int]]): the tree's branches.
+        rest (list[int]): the tokens greedy decoding goes on with.
+    """
     return max((common_prefix_length(branch, rest) for branch in branches), default=0)
 
 
@@ -121,7 +135,12 @@ class TreeProposer:
 
     def branches(self, answer: list[int], budget: int) -> list[list[int]]:
         """Up to `policy.tree` distinct continuations, best first, each at most the proposal
-        length its context earns and `budget`; cut at a source's end and after an EOS."""
+        length its context earns and `budget`; cut at a source's end and after an EOS.
+
+        Args:
+            answer (list[int]): the answer so far.
+            budget (int): the most tokens a branch may propose.
+        """
         if budget <= 0 or not answer:
             return []
         chosen: list[list[int]] = []

@@ -25,7 +25,16 @@ MASKED_LAYER_TYPES = ("full_attention", "sliding_attention")
 def tree_masks(config: PretrainedConfig, tree: TokenTree, depths: list[int], past: int, dtype: torch.dtype,
                device: torch.device) -> torch.Tensor | dict[str, torch.Tensor]:
     """The tree forward's additive attention masks for the decoder whose config is `config` (the
-    text config: eval.engines.base.decoder_config): one per layer type where it has several, else one."""
+    text config: eval.engines.base.decoder_config): one per layer type where it has several, else one.
+
+    Args:
+        config (PretrainedConfig): the decoder's text config.
+        tree (TokenTree): the token tree.
+        depths (list[int]): each node's depth.
+        past (int): how many tokens the cache holds.
+        dtype (torch.dtype): the masks' dtype.
+        device (torch.device): the masks' device.
+    """
     if config._attn_implementation not in TREE_ATTENTION:  # flash kernels take no custom mask: every node would see all
         raise ValueError(f"decode.lookup_tree > 1 needs attention that takes a mask (sdpa or eager), "
                          f"not {config._attn_implementation}; use decode.lookup_tree=1")
@@ -45,12 +54,28 @@ def tree_attention_mask(tree: TokenTree, depths: list[int], past: int, dtype: to
                         device: torch.device | str = "cpu") -> torch.Tensor:
     """Additive mask (1, 1, 1 + nodes, past + 1 + nodes) of the forward over the root and the
     nodes (at `depths`) after `past` cached tokens: each row sees everything cached, the root,
-    its node's ancestors and itself; with `window`, only keys fewer than `window` positions behind."""
+    its node's ancestors and itself; with `window`, only keys fewer than `window` positions behind.
+
+    Args:
+        tree (TokenTree): the token tree.
+        depths (list[int]): each node's depth.
+        past (int): how many tokens the cache holds.
+        dtype (torch.dtype): the mask's dtype.
+        window (int | None): the sliding window's length, or None for full attention.
+        device (torch.device | str): the mask's device.
+    """
     return additive_mask(within_window(tree_visibility(tree, depths, past, device), depths, past, window), dtype)
 
 
 def tree_visibility(tree: TokenTree, depths: list[int], past: int, device: torch.device | str) -> torch.Tensor:
-    """(1 + nodes, past + 1 + nodes) booleans: what each row of the tree forward may see, no window."""
+    """(1 + nodes, past + 1 + nodes) booleans: what each row of the tree forward may see, no window.
+
+    Args:
+        tree (TokenTree): the token tree.
+        depths (list[int]): each node's depth.
+        past (int): how many tokens the cache holds.
+        device (torch.device | str): the result's device.
+    """
     nodes = len(tree.tokens)
     allowed = torch.zeros(1 + nodes, past + 1 + nodes, dtype=torch.bool, device=device)
     allowed[:, : past + 1] = True
@@ -59,7 +84,14 @@ def tree_visibility(tree: TokenTree, depths: list[int], past: int, device: torch
 
 
 def within_window(allowed: torch.Tensor, depths: list[int], past: int, window: int | None) -> torch.Tensor:
-    """`allowed` less the keys `window` or more positions behind their query (None: `allowed` itself)."""
+    """`allowed` less the keys `window` or more positions behind their query (None: `allowed` itself).
+
+    Args:
+        allowed (torch.Tensor): what each row may see (`tree_visibility`).
+        depths (list[int]): each node's depth.
+        past (int): how many tokens the cache holds.
+        window (int | None): the sliding window's length, or None.
+    """
     if window is None:
         return allowed
     device = allowed.device
@@ -69,14 +101,24 @@ def within_window(allowed: torch.Tensor, depths: list[int], past: int, window: i
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """0 where `allowed`, the dtype's lowest value elsewhere, shaped (1, 1, rows, keys)."""
+    """0 where `allowed`, the dtype's lowest value elsewhere, shaped (1, 1, rows, keys).
+
+    Args:
+        allowed (torch.Tensor): what each row may see.
+        dtype (torch.dtype): the mask's dtype.
+    """
     blocked = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
     return torch.where(allowed, torch.zeros((), dtype=dtype, device=allowed.device), blocked)[None, None]
 
 
 def ancestors_or_self(parents: torch.Tensor, levels: int) -> torch.Tensor:
     """(nodes, nodes) booleans: [i, j] when node j is node i or one of its ancestors, from the
-    parents vector (-1: a child of the root) of a tree `levels` deep; one step a level."""
+    parents vector (-1: a child of the root) of a tree `levels` deep; one step a level.
+
+    Args:
+        parents (torch.Tensor): each node's parent (-1: the root).
+        levels (int): the tree's depth.
+    """
     nodes = parents.numel()
     relation = torch.zeros(nodes, nodes, dtype=torch.bool, device=parents.device)
     rows = torch.arange(nodes, device=parents.device)

@@ -25,14 +25,38 @@ class VLLMDrafter:
     def start(cls, model: str, adapter: str | None, settings: VLLMSettings, dtype: str | None, device: str,
               eos_token_ids: set[int], needed_model_len: int | None = None) -> VLLMDrafter:
         """Engines on `model` (with `adapter` through vLLM's LoRA), in the dtype transformers uses on `device`,
-        with cache for `needed_model_len` tokens (headstart.vllm_client.needed_model_len; None: the model's)."""
+        with cache for `needed_model_len` tokens (headstart.vllm_client.needed_model_len; None: the model's).
+
+        Args:
+            model (str): the model source.
+            adapter (str | None): a PEFT adapter directory for vLLM's LoRA, or None.
+            settings (VLLMSettings): the run's vLLM settings.
+            dtype (str | None): the run's dtype name, or None for the device's default.
+            device (str): the device transformers runs on.
+            eos_token_ids (set[int]): the ids that end an answer.
+            needed_model_len (int | None): the longest prompt and answer the run sends, or None.
+        """
         engines = VLLMEngines(vllm_model(model, adapter), settings, vllm_dtype(dtype, device), device, needed_model_len)
         return cls(engines, eos_token_ids)
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[list[int]]:
+        """Greedy answers from the vLLM engines, each ending at its first EOS (kept) or its budget.
+
+        Args:
+            prompts (list[list[int]]): the prompts' token ids.
+            max_new_tokens (int | list[int]): the most tokens an answer may have: one for all prompts, or one per
+                prompt.
+        """
         return self.engines.generate(prompts, max_new_tokens, self.eos_token_ids)
 
     def accepted_lengths(self, prompts: list[list[int]], drafts: list[list[int]], rule: AcceptanceRule) -> list[int]:
+        """Accepted length of each draft after its prompt, from vLLM's prompt log-probabilities.
+
+        Args:
+            prompts (list[list[int]]): the prompts' token ids.
+            drafts (list[list[int]]): each prompt's draft.
+            rule (AcceptanceRule): the acceptance rule.
+        """
         rows = [i for i, draft in enumerate(drafts) if draft]  # an empty draft needs no verify pass
         scores = self.engines.token_scores([prompts[i] + drafts[i] for i in rows], [len(prompts[i]) for i in rows])
         lengths = [0] * len(drafts)

@@ -1,8 +1,8 @@
 """What a forward costs by its width, on one machine for one model (`decode.width_cost`).
 
 A forward that feeds w tokens after a cached context costs about what a one-token step
-does on a GPU at batch 1 (memory-bound), but several times more on a CPU (compute-bound:
-here 2 tokens cost 1.8x a step, 65 tokens 4.8x). PROTOCOL.md counts every forward as one,
+does on a GPU at batch 1 (memory-bound), but more on a CPU (compute-bound), and the more
+the wider the forward. PROTOCOL.md counts every forward as one,
 whatever its width; the wall clock pays the width. So the table is measured once per
 machine and model (`python -m eval.width_cost`, or `decode.width_cost=auto` when the
 evaluator loads the model), kept as a small JSON file, and reused by
@@ -54,7 +54,11 @@ class WidthCost:
 
     def seconds_for(self, width: int) -> float:
         """Seconds of a forward of `width` tokens: linear between measured widths, and past the
-        widest along its last segment (never below the widest's cost)."""
+        widest along its last segment (never below the widest's cost).
+
+        Args:
+            width (int): the forward's width in tokens.
+        """
         if width < 1:
             raise ValueError(f"a forward feeds at least one token, not {width}")
         points = list(zip(self.widths, self.seconds))
@@ -67,10 +71,19 @@ class WidthCost:
         return max(s1, s1 + (s1 - s0) * (width - w1) / (w1 - w0))
 
     def relative(self, width: int) -> float:
-        """The cost of a `width`-token forward in one-token steps."""
+        """The cost of a `width`-token forward in one-token steps.
+
+        Args:
+            width (int): the forward's width in tokens.
+        """
         return self.seconds_for(width) / self.seconds[0]
 
     def save(self, path: Path) -> None:
+        """Write the table to `path` as JSON, atomically.
+
+        Args:
+            path (Path): the file to write.
+        """
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(".tmp")
         temporary.write_text(json.dumps(asdict(self), indent=1) + "\n")
@@ -78,7 +91,11 @@ class WidthCost:
 
     @classmethod
     def load(cls, path: str | Path) -> WidthCost:
-        """A table written by `save`; a clear error for a missing or malformed file."""
+        """A table written by `save`; a clear error for a missing or malformed file.
+
+        Args:
+            path (str | Path): the table's JSON file.
+        """
         try:
             values = json.loads(Path(path).read_text())
         except FileNotFoundError:
@@ -93,7 +110,11 @@ class WidthCost:
 
 
 def machine_label(device: str) -> str:
-    """The machine a table holds for: the device type, the processor and the threads torch uses."""
+    """The machine a table holds for: the device type, the processor and the threads torch uses.
+
+    Args:
+        device (str): the device the table is measured on.
+    """
     import torch
 
     if torch.device(device).type == "cuda":
@@ -113,14 +134,27 @@ def cpu_name() -> str:
 
 
 def auto_path(model: str, device: str) -> Path:
-    """Where `decode.width_cost=auto` keeps this machine's table for `model`."""
+    """Where `decode.width_cost=auto` keeps this machine's table for `model`.
+
+    Args:
+        model (str): the model's name.
+        device (str): the device the table is measured on.
+    """
     return outputs_dir("width_cost", f"{safe_name(model)}-{safe_name(machine_label(device))}.json")
 
 
 def measure(model: PreTrainedModel, name: str, widths: tuple[int, ...] = WIDTHS, context: int = CONTEXT,
             repeats: int = 5) -> WidthCost:
     """Time a forward of each width after `context` cached tokens (median of `repeats`, after a
-    warm-up); the tokens are fixed ids, since the cost does not depend on which tokens they are."""
+    warm-up); the tokens are fixed ids, since the cost does not depend on which tokens they are.
+
+    Args:
+        model (PreTrainedModel): the loaded model.
+        name (str): the model's name, recorded in the table.
+        widths (tuple[int, ...]): the forward widths to time.
+        context (int): how many tokens the cache holds before each forward.
+        repeats (int): timed forwards per width.
+    """
     import torch
 
     from eval.engines.base import crop_cache, decoder_config, new_cache
@@ -150,7 +184,14 @@ def measure(model: PreTrainedModel, name: str, widths: tuple[int, ...] = WIDTHS,
 
 def resolve(setting: str, name: str, device: str, model: PreTrainedModel | None = None) -> WidthCost | None:
     """The table `decode.width_cost` names: none (''), a file, or (`auto`) this machine's for
-    `name`, measured on `model` and kept the first time (without a model, only read)."""
+    `name`, measured on `model` and kept the first time (without a model, only read).
+
+    Args:
+        setting (str): `decode.width_cost`: '', a file, or `auto`.
+        name (str): the model's name.
+        device (str): the device the run is on.
+        model (PreTrainedModel | None): the loaded model, to measure with; None: only read.
+    """
     if not setting:
         return None
     if setting != AUTO:
@@ -168,6 +209,12 @@ def resolve(setting: str, name: str, device: str, model: PreTrainedModel | None 
 
 def use_auto_table(decode: DecodeSpec, name: str, model: PreTrainedModel) -> None:
     """Give `decode` this machine's table for `name` when its width_cost is `auto`: measured
-    once per machine and model, then read."""
+    once per machine and model, then read.
+
+    Args:
+        decode (DecodeSpec): the decode settings.
+        name (str): the model's name.
+        model (PreTrainedModel): the loaded model.
+    """
     if decode.width_cost == AUTO:
         decode.use_width_table(resolve(AUTO, name, str(model.device), model))

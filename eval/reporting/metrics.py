@@ -11,7 +11,11 @@ from typing import Any
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Aggregate results; requests where either side answered nothing are excluded
-    from every column alike."""
+    from every column alike.
+
+    Args:
+        records (list[dict[str, Any]]): one benchmark's per-request records.
+    """
     valid = [r for r in records if is_answered(r)]
     summary: dict[str, Any] = {"requests": len(records), "excluded_empty": len(records) - len(valid), "evaluated": len(valid)}
     if not valid:
@@ -66,7 +70,11 @@ def identity(records: list[dict[str, Any]]) -> dict[str, Any]:
     whose streamed answer was compared with a baseline decoded apart (`identical_to_baseline`: the
     share of them that are identical), `counted` requests whose answers both are the drafter's D_n
     (count mode: exact if the drafter agrees), and `drafter_compared` timed requests whose drafter's
-    D_n was compared with the batch-1 baseline (`drafter_agreement`: the share that agree)."""
+    D_n was compared with the batch-1 baseline (`drafter_agreement`: the share that agree).
+
+    Args:
+        records (list[dict[str, Any]]): one benchmark's per-request records.
+    """
     measured = [r for r in records if identity_measured(r)]
     drafter = [r["drafter_identical"] for r in records if r.get("drafter_identical") is not None]
     summary: dict[str, Any] = {"identical_measured": len(measured), "counted": len(records) - len(measured),
@@ -83,13 +91,21 @@ def identity(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def identity_measured(record: dict[str, Any]) -> bool:
     """Whether the record's answers were compared token for token (records written before the
-    field existed: all but count mode's counted ones, whose `identical` was true by construction)."""
+    field existed: all but count mode's counted ones, whose `identical` was true by construction).
+
+    Args:
+        record (dict[str, Any]): a per-request record.
+    """
     return record.get("identical_measured", record.get("engine") != "counted")
 
 
 def identity_phrase(summary: dict[str, Any]) -> str:
     """The identity claim a summary supports, as reports say it, e.g. "100% of 14 compared; 650
-    counted, drafter agrees 100% of 14": the counted requests are exact if the drafter agrees."""
+    counted, drafter agrees 100% of 14": the counted requests are exact if the drafter agrees.
+
+    Args:
+        summary (dict[str, Any]): a benchmark's summary (`summarize`).
+    """
     parts = []
     if summary.get("identical_measured"):
         parts.append(f"{summary['identical_to_baseline']:.0%} of {summary['identical_measured']:g} compared")
@@ -122,12 +138,20 @@ def _against_lookup_baseline(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def is_answered(record: dict[str, Any]) -> bool:
     """Both answers non-empty: a request every column counts (PROTOCOL.md: an empty answer on either side
-    excludes it from all alike)."""
+    excludes it from all alike).
+
+    Args:
+        record (dict[str, Any]): a per-request record.
+    """
     return bool(record["base_answer"].strip() and record["stream_answer"].strip())
 
 
 def is_skipped(record: dict[str, Any]) -> bool:
-    """A record whose answers could not be executed here (see `Score.detail`)."""
+    """A record whose answers could not be executed here (see `Score.detail`).
+
+    Args:
+        record (dict[str, Any]): a per-request record.
+    """
     return str(record.get("base_status", "")).startswith("skipped")
 
 
@@ -136,14 +160,23 @@ _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
 def normalize_text(text: str) -> str:
-    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
+    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces.
+
+    Args:
+        text (str): the text to normalise.
+    """
     text = _ARTICLES.sub(" ", text.lower().translate(_PUNCTUATION))
     return " ".join(text.split())
 
 
 def token_f1(prediction: str, reference: str) -> float:
     """Harmonic mean of token precision and recall after `normalize_text`
-    (1.0 when both are empty, 0.0 when only one is)."""
+    (1.0 when both are empty, 0.0 when only one is).
+
+    Args:
+        prediction (str): the answer.
+        reference (str): the reference answer.
+    """
     predicted, expected = normalize_text(prediction).split(), normalize_text(reference).split()
     if not predicted or not expected:
         return float(predicted == expected)
@@ -155,7 +188,11 @@ def token_f1(prediction: str, reference: str) -> float:
 
 
 def running_medians(records: list[dict[str, Any]]) -> dict[str, str]:
-    """Short live figures for the progress bar."""
+    """Short live figures for the progress bar.
+
+    Args:
+        records (list[dict[str, Any]]): the records so far.
+    """
     if not records:
         return {}
     return {

@@ -64,41 +64,77 @@ class PairedComparison:
 
 
 def timed(record: dict[str, Any]) -> bool:
-    """Wall clock measured (a counted-only request carries None seconds)."""
+    """Wall clock measured (a counted-only request carries None seconds).
+
+    Args:
+        record (dict[str, Any]): a per-request record.
+    """
     return record.get("baseline_seconds") is not None and record.get("residual_seconds") is not None
 
 
 def pair_records(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[tuple[dict, dict]]:
-    """(before, after) records of the requests present and answered on both sides, in before's order."""
+    """(before, after) records of the requests present and answered on both sides, in before's order.
+
+    Args:
+        before (list[dict[str, Any]]): the base side's records.
+        after (list[dict[str, Any]]): the other side's records.
+    """
     after_by_id = {r["request_id"]: r for r in after}
     return [(b, after_by_id[b["request_id"]]) for b in before
             if b["request_id"] in after_by_id and is_answered(b) and is_answered(after_by_id[b["request_id"]])]
 
 
 def resample_indices(n: int, samples: int = SAMPLES, seed: int = SEED) -> np.ndarray:
-    """(samples, n) request indices drawn with replacement, the same for both sides."""
+    """(samples, n) request indices drawn with replacement, the same for both sides.
+
+    Args:
+        n (int): how many requests there are.
+        samples (int): how many bootstrap samples to draw.
+        seed (int): the random seed.
+    """
     return np.random.default_rng(seed).integers(0, n, size=(samples, n))
 
 
 def median(values: np.ndarray) -> np.ndarray:
-    """Median over the last axis."""
+    """Median over the last axis.
+
+    Args:
+        values (np.ndarray): the values.
+    """
     return np.median(values, axis=-1)
 
 
 def mean(values: np.ndarray) -> np.ndarray:
-    """Mean over the last axis."""
+    """Mean over the last axis.
+
+    Args:
+        values (np.ndarray): the values.
+    """
     return np.mean(values, axis=-1)
 
 
 def mean_present(values: np.ndarray) -> np.ndarray:
-    """Mean over the last axis of the non-NaN values; 0 where none (summarize's draft_kept_mean)."""
+    """Mean over the last axis of the non-NaN values; 0 where none (summarize's draft_kept_mean).
+
+    Args:
+        values (np.ndarray): the values, NaN where absent.
+    """
     present = ~np.isnan(values)
     return np.nansum(values, axis=-1) / np.maximum(present.sum(axis=-1), 1)
 
 
 def bootstrap_change(before: np.ndarray, after: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray],
                      indices: np.ndarray, relative: bool = False) -> Change:
-    """statistic(after) - statistic(before) (or their ratio - 1), with its percentile interval."""
+    """statistic(after) - statistic(before) (or their ratio - 1), with its percentile interval.
+
+    Args:
+        before (np.ndarray): the base side's per-request values.
+        after (np.ndarray): the other side's, request for request.
+        statistic (Callable[[np.ndarray], np.ndarray]): what is compared: median, mean or mean_present over the last
+            axis.
+        indices (np.ndarray): the bootstrap samples' request indices (`resample_indices`).
+        relative (bool): report the ratio less one instead of the difference.
+    """
     def change(b, a):
         with np.errstate(divide="ignore", invalid="ignore"):
             return a / b - 1 if relative else a - b
@@ -118,7 +154,13 @@ def _kept(record: dict) -> float:
 
 
 def paired_changes(pairs: list[tuple[dict, dict]], samples: int = SAMPLES, seed: int = SEED) -> dict[str, Change]:
-    """Every reported change over `pairs`; wall clock over the timed pairs, pass@1 over the executed."""
+    """Every reported change over `pairs`; wall clock over the timed pairs, pass@1 over the executed.
+
+    Args:
+        pairs (list[tuple[dict, dict]]): the (before, after) records of each request.
+        samples (int): how many bootstrap samples to draw.
+        seed (int): the random seed.
+    """
     indices = resample_indices(len(pairs), samples, seed)
     forwards = _column(pairs, lambda r: r["residual_forwards"])
     changes = {
@@ -143,7 +185,11 @@ def paired_changes(pairs: list[tuple[dict, dict]], samples: int = SAMPLES, seed:
 
 def paired_tests(differences: np.ndarray) -> tuple[float, float]:
     """(Wilcoxon signed-rank p, sign test p) of the differences; zero differences are dropped
-    by both (zero_method="wilcox", so the two tests read the same requests); p = 1 when all are zero."""
+    by both (zero_method="wilcox", so the two tests read the same requests); p = 1 when all are zero.
+
+    Args:
+        differences (np.ndarray): the per-request differences, after less before.
+    """
     from scipy import stats  # here: the report's only scipy use, not for `--help`
 
     nonzero = differences[differences != 0]
@@ -156,7 +202,14 @@ def paired_tests(differences: np.ndarray) -> tuple[float, float]:
 
 def compare(before: list[dict[str, Any]], after: list[dict[str, Any]], samples: int = SAMPLES,
             seed: int = SEED) -> PairedComparison:
-    """`after` against `before` over the requests both answered."""
+    """`after` against `before` over the requests both answered.
+
+    Args:
+        before (list[dict[str, Any]]): the base side's records.
+        after (list[dict[str, Any]]): the other side's records.
+        samples (int): how many bootstrap samples to draw.
+        seed (int): the random seed.
+    """
     pairs = pair_records(before, after)
     differences = np.array([a["residual_forwards"] - b["residual_forwards"] for b, a in pairs], dtype=float)
     wilcoxon_p, sign_p = paired_tests(differences) if pairs else (None, None)
@@ -172,7 +225,11 @@ def compare(before: list[dict[str, Any]], after: list[dict[str, Any]], samples: 
 
 
 def compare_sides(records: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, dict[str, PairedComparison]]:
-    """comparisons[benchmark][side]: every side but the base against the base ('before')."""
+    """comparisons[benchmark][side]: every side but the base against the base ('before').
+
+    Args:
+        records (dict[str, dict[str, list[dict[str, Any]]]]): records[benchmark][side], the base side named 'before'.
+    """
     return {benchmark: {side: compare(sides[BASE_SIDE], rows) for side, rows in sides.items() if side != BASE_SIDE}
             for benchmark, sides in records.items()}
 
@@ -194,7 +251,12 @@ ROWS: dict[str, tuple[str, Callable[[float], str], Callable[[float], str]]] = {
 
 
 def paired_rows(comparison: PairedComparison, side: str) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): each change with its 95% interval and verdict."""
+    """(header, rows): each change with its 95% interval and verdict.
+
+    Args:
+        comparison (PairedComparison): one side's comparison with the base.
+        side (str): the side's name, for the labels.
+    """
     rows = []
     for name in (name for name in ROWS if name in comparison.changes):  # ROWS' order, whatever the computation's
         change, (label, value, delta) = comparison.changes[name], ROWS[name]
@@ -204,7 +266,12 @@ def paired_rows(comparison: PairedComparison, side: str) -> tuple[list[str], lis
 
 
 def paired_note(comparison: PairedComparison, side: str) -> str:
-    """The paired tests of residual forwards and the requests each row is over, in one sentence."""
+    """The paired tests of residual forwards and the requests each row is over, in one sentence.
+
+    Args:
+        comparison (PairedComparison): one side's comparison with the base.
+        side (str): the side's name.
+    """
     if not comparison.requests:
         return f"No request was answered on both sides ({side} and {BASE_SIDE}): nothing to pair."
     return (f"Residual forwards per request ({side} - {BASE_SIDE}) over {comparison.requests} requests answered on both "
@@ -215,7 +282,12 @@ def paired_note(comparison: PairedComparison, side: str) -> str:
 
 
 def paired_markdown(comparisons: dict[str, dict[str, PairedComparison]], names: dict[str, str] | None = None) -> list[str]:
-    """Markdown lines: a 'Paired changes' table per benchmark and side; `names` labels sides (e.g. after -> sft)."""
+    """Markdown lines: a 'Paired changes' table per benchmark and side; `names` labels sides (e.g. after -> sft).
+
+    Args:
+        comparisons (dict[str, dict[str, PairedComparison]]): comparisons[benchmark][side] (`compare_sides`).
+        names (dict[str, str] | None): a label per side name, or None to use the names.
+    """
     lines = []
     for benchmark, sides in comparisons.items():
         for side, comparison in sides.items():

@@ -15,12 +15,22 @@ SIDE_COLORS = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:purple") 
 
 
 def side_colors(sides) -> list[tuple[str, str]]:
-    """(side, color) in report order; the base is always grey."""
+    """(side, color) in report order; the base is always grey.
+
+    Args:
+        sides: the sides' names, in report order, the base first.
+    """
     return [(side, SIDE_COLORS[i % len(SIDE_COLORS)]) for i, side in enumerate(sides)]
 
 
 def speedup_histogram(records: dict[str, list[dict[str, Any]]], title: str, path: Path) -> Path:
-    """Per-request residual speedup (forwards), log-scale bins, every side overlaid."""
+    """Per-request residual speedup (forwards), log-scale bins, every side overlaid.
+
+    Args:
+        records (dict[str, list[dict[str, Any]]]): each side's per-request records.
+        title (str): the figure's title.
+        path (Path): the PNG to write.
+    """
     speedups = {side: [r["baseline_forwards"] / r["residual_forwards"] for r in rows] for side, rows in records.items()}
     values = [v for side in speedups.values() for v in side]
     top = max(values + [2.0])
@@ -40,7 +50,12 @@ def speedup_histogram(records: dict[str, list[dict[str, Any]]], title: str, path
 
 
 def acceptance_bars(summaries: dict[str, dict[str, dict[str, Any]]], path: Path) -> Path:
-    """Share of requests whose final draft was kept not at all / partly / wholly."""
+    """Share of requests whose final draft was kept not at all / partly / wholly.
+
+    Args:
+        summaries (dict[str, dict[str, dict[str, Any]]]): summaries[benchmark][side].
+        path (Path): the PNG to write.
+    """
     benchmarks = list(summaries)
     sides = list(summaries[benchmarks[0]])
     kinds = ("acceptance_none", "acceptance_partial", "acceptance_all")
@@ -63,7 +78,12 @@ def acceptance_bars(summaries: dict[str, dict[str, dict[str, Any]]], path: Path)
 
 
 def save_figure(figure, path: Path) -> Path:
-    """Write `figure` as a PNG at `path` (its folder made) and close it."""
+    """Write `figure` as a PNG at `path` (its folder made) and close it.
+
+    Args:
+        figure: the matplotlib figure.
+        path (Path): the PNG to write.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -73,7 +93,12 @@ def save_figure(figure, path: Path) -> Path:
 
 def typing_curve(typing: dict[str, dict[str, Any]], path: Path) -> Path:
     """Median time-to-answer after Enter against typing speed, per benchmark: streamed
-    (solid, cpm points; the unlimited typist as a dotted level) and baseline (dashed)."""
+    (solid, cpm points; the unlimited typist as a dotted level) and baseline (dashed).
+
+    Args:
+        typing (dict[str, dict[str, Any]]): each benchmark's typing summary.
+        path (Path): the PNG to write.
+    """
     figure, axes = plt.subplots(figsize=(6, 3.5))
     for index, (benchmark, summary) in enumerate(typing.items()):
         color = SIDE_COLORS[(index + 1) % len(SIDE_COLORS)]
@@ -99,7 +124,12 @@ def typing_curve(typing: dict[str, dict[str, Any]], path: Path) -> Path:
 
 def paired_differences(differences: dict[str, dict[str, list[float]]], path: Path) -> Path:
     """Per-request residual forwards of each adapted side minus the base's, one panel per
-    benchmark: the differences sorted (x: share of requests), zero line, median dashed."""
+    benchmark: the differences sorted (x: share of requests), zero line, median dashed.
+
+    Args:
+        differences (dict[str, dict[str, list[float]]]): differences[benchmark][side], one value per request.
+        path (Path): the PNG to write.
+    """
     benchmarks = list(differences)
     figure, panels = plt.subplots(1, len(benchmarks), figsize=(4.5 * len(benchmarks), 3.5), squeeze=False)
     for axes, benchmark in zip(panels[0], benchmarks):

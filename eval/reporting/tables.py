@@ -36,13 +36,22 @@ COLUMNS = [
 
 
 def markdown_rows(header: list[str], rows: list[list[str]]) -> str:
-    """A Markdown table from already formatted cells."""
+    """A Markdown table from already formatted cells.
+
+    Args:
+        header (list[str]): the column names.
+        rows (list[list[str]]): the rows' formatted cells.
+    """
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def markdown_table(summaries: dict[str, dict[str, Any]]) -> str:
-    """One row per benchmark (and a pooled row when the caller adds one)."""
+    """One row per benchmark (and a pooled row when the caller adds one).
+
+    Args:
+        summaries (dict[str, dict[str, Any]]): each benchmark's summary.
+    """
     header = ["benchmark"] + [name for name, _, _ in COLUMNS]
     rows = [[benchmark] + [_cell(summary, key, fmt) for _, key, fmt in COLUMNS] for benchmark, summary in summaries.items()]
     return markdown_rows(header, rows)
@@ -77,7 +86,11 @@ COUNT_KEYS = ("requests", "excluded_empty", "evaluated", "skipped", "quality_eva
 
 def macro_average(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Unweighted mean over benchmarks of every numeric column (counts summed);
-    a column missing from a benchmark is averaged over those that have it."""
+    a column missing from a benchmark is averaged over those that have it.
+
+    Args:
+        summaries (dict[str, dict[str, Any]]): each benchmark's summary.
+    """
     keys = {k for s in summaries.values() for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     macro: dict[str, Any] = {}
     for key in sorted(keys):
@@ -87,13 +100,23 @@ def macro_average(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def with_quality_delta(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary with `quality_delta` (streamed less base quality) added when it has both.
+
+    Args:
+        summary (dict[str, Any]): a benchmark's summary.
+    """
     if "quality_base" in summary and "quality_stream" in summary:
         return summary | {"quality_delta": summary["quality_stream"] - summary["quality_base"]}
     return summary
 
 
 def quality_table(summaries: dict[str, dict[str, Any]], metrics: dict[str, str]) -> str:
-    """Table 1 layout: one row per benchmark (with its metric), then the macro average."""
+    """Table 1 layout: one row per benchmark (with its metric), then the macro average.
+
+    Args:
+        summaries (dict[str, dict[str, Any]]): each benchmark's summary.
+        metrics (dict[str, str]): each benchmark's quality metric's name.
+    """
     header = ["benchmark", "metric"] + [name for name, _, _ in QUALITY_COLUMNS]
     rows = [[name, metrics.get(name, "")] + [_cell(with_quality_delta(summary), key, fmt) for _, key, fmt in QUALITY_COLUMNS]
             for name, summary in summaries.items()]
@@ -102,7 +125,13 @@ def quality_table(summaries: dict[str, dict[str, Any]], metrics: dict[str, str])
 
 def suite_report(by_rule: dict[str, dict[str, dict[str, Any]]], metrics: dict[str, str], title: str) -> str:
     """The suite's report: per acceptance rule, Table 1 (quality) and Table 2
-    (the PROTOCOL.md columns), each ending in the macro average over benchmarks."""
+    (the PROTOCOL.md columns), each ending in the macro average over benchmarks.
+
+    Args:
+        by_rule (dict[str, dict[str, dict[str, Any]]]): by_rule[acceptance rule][benchmark]: the benchmark's summary.
+        metrics (dict[str, str]): each benchmark's quality metric's name.
+        title (str): the report's title.
+    """
     parts = [f"# {title}"]
     for rule, summaries in by_rule.items():
         rows = dict(summaries) | {"macro average": macro_average(summaries)}

@@ -12,7 +12,11 @@ from eval.typing_sim import check_typing, typing_summary
 
 def typing_rows(typing: dict[str, dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Per benchmark and typist (the configured one first): median time-to-answer after
-    Enter against the baseline, and the share of drafting updates that kept up."""
+    Enter against the baseline, and the share of drafting updates that kept up.
+
+    Args:
+        typing (dict[str, dict[str, Any]]): each benchmark's typing summary.
+    """
     header = ["benchmark", "typist", "time to answer (med)", "baseline (med)", "gain", "residual fwd (med)", "updates kept up"]
     rows = []
     for benchmark, summary in typing.items():
@@ -25,7 +29,11 @@ def typing_rows(typing: dict[str, dict[str, Any]]) -> tuple[list[str], list[list
 
 
 def break_even_notes(typing: dict[str, dict[str, Any]]) -> list[str]:
-    """Per benchmark, the typing speed at which streaming stops answering sooner."""
+    """Per benchmark, the typing speed at which streaming stops answering sooner.
+
+    Args:
+        typing (dict[str, dict[str, Any]]): each benchmark's typing summary.
+    """
     notes = []
     for benchmark, summary in typing.items():
         cpm = summary["break_even_cpm"]
@@ -39,7 +47,12 @@ TYPING_NOTE = "Seconds from the last keystroke to the complete answer; the basel
 
 
 def typing_section(typing: dict[str, dict[str, Any]], level: str = "##") -> str:
-    """Markdown: `typing_rows` as a table, then `break_even_notes`."""
+    """Markdown: `typing_rows` as a table, then `break_even_notes`.
+
+    Args:
+        typing (dict[str, dict[str, Any]]): each benchmark's typing summary.
+        level (str): the Markdown heading level of the section.
+    """
     policy = next(iter(typing.values()))["policy"]
     lines = [f"{level} {TYPING_TITLE} (policy `{policy}`)", "", TYPING_NOTE, "", markdown_rows(*typing_rows(typing)), ""]
     return "\n".join(lines + [f"- {note}." for note in break_even_notes(typing)]) + "\n"
@@ -47,7 +60,11 @@ def typing_section(typing: dict[str, dict[str, Any]], level: str = "##") -> str:
 
 def typing_scalars(summary: dict[str, Any]) -> dict[str, float]:
     """Flat numbers for summary.json and W&B: the configured typist's medians, each curve
-    point's median time-to-answer, and the break-even speed (absent: a gain remains)."""
+    point's median time-to-answer, and the break-even speed (absent: a gain remains).
+
+    Args:
+        summary (dict[str, Any]): one benchmark's typing summary.
+    """
     configured = summary["configured"]
     scalars = {"typing_time_to_answer_median": configured["time_to_answer_median"],
                "typing_baseline_seconds_median": configured["baseline_seconds_median"],
@@ -61,7 +78,12 @@ def typing_scalars(summary: dict[str, Any]) -> dict[str, float]:
 
 def write_typing(output_dir: Path, typing: dict[str, dict[str, Any]]) -> str:
     """typing.json (every row, per request) and typing_curve.png; the Markdown section,
-    which shows the figure."""
+    which shows the figure.
+
+    Args:
+        output_dir (Path): the run's output directory.
+        typing (dict[str, dict[str, Any]]): each benchmark's typing summary.
+    """
     from eval.reporting.plots import typing_curve
 
     (output_dir / "typing.json").write_text(json.dumps(typing, indent=2) + "\n")
@@ -71,7 +93,14 @@ def write_typing(output_dir: Path, typing: dict[str, dict[str, Any]]) -> str:
 
 def typing_report(config, records: list[dict[str, Any]], output_dir: Path, summary: dict[str, Any]) -> str:
     """The typing-time simulation's report section (writes typing.json and its figure, adds
-    its numbers to `summary`); '' when off."""
+    its numbers to `summary`); '' when off.
+
+    Args:
+        config: the evaluation's settings.
+        records (list[dict[str, Any]]): the benchmark's per-request records.
+        output_dir (Path): the run's output directory.
+        summary (dict[str, Any]): the benchmark's summary, which gets the typing numbers.
+    """
     if not config.typing:
         return ""
     typist = check_typing(config.typing, config.typing_policy, config.decode)

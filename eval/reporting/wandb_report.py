@@ -12,7 +12,11 @@ RECORD_COLUMNS = ("request_id", "n_segments", "base_tokens", "draft_tokens", "ac
 
 
 def wandb_mode(project: str | None) -> str:
-    """Online only when a project is configured and the user did not ask for offline."""
+    """Online only when a project is configured and the user did not ask for offline.
+
+    Args:
+        project (str | None): the configured W&B project, or None.
+    """
     configured = project or os.environ.get("WANDB_PROJECT")
     return os.environ.get("WANDB_MODE", "online") if configured else "offline"
 
@@ -20,7 +24,17 @@ def wandb_mode(project: str | None) -> str:
 def log_side(config, side: str, summaries, records, figures: list[Path], resolved: dict[str, Any], paired=None) -> str:
     """One run per side in a shared group: summary metrics, paired changes against the base
     (`paired[benchmark][side]`, eval.reporting.paired), per-request table, figures, configs.
-    Returns the run directory."""
+    Returns the run directory.
+
+    Args:
+        config: the evaluation's settings.
+        side (str): the side's name.
+        summaries: summaries[benchmark][side].
+        records: records[benchmark][side].
+        figures (list[Path]): the figures to log.
+        resolved (dict[str, Any]): the resolved configuration.
+        paired: paired[benchmark][side], the comparisons with the base, or None.
+    """
     import wandb
 
     group = config.wandb_group or Path(config.output_dir).name
@@ -51,7 +65,11 @@ def log_side(config, side: str, summaries, records, figures: list[Path], resolve
 
 
 def paired_numbers(comparison) -> dict[str, Any]:
-    """A PairedComparison flattened: each change's estimate, low, high and verdict; tests and counts."""
+    """A PairedComparison flattened: each change's estimate, low, high and verdict; tests and counts.
+
+    Args:
+        comparison: one side's comparison with the base.
+    """
     numbers: dict[str, Any] = {k: getattr(comparison, k) for k in ("requests", "wall_requests", "quality_requests", "lower",
                                                                    "equal", "higher", "wilcoxon_p", "sign_p")}
     for name, change in comparison.changes.items():

@@ -48,6 +48,11 @@ class BadRequest(ValueError):
 
 
 def error_response(error: BadRequest) -> JSONResponse:
+    """The OpenAI-style error response of a refused request.
+
+    Args:
+        error (BadRequest): why the request is refused, with its status and parameter.
+    """
     kind = "invalid_request_error" if error.status == 400 else "not_found_error"
     return JSONResponse({"error": {"message": str(error), "type": kind, "param": error.param, "code": None}},
                         status_code=error.status)
@@ -69,7 +74,12 @@ class Served:
 
 
 def text_of(content: Any, where: str) -> str:
-    """OpenAI content: a string, or a list of text parts."""
+    """OpenAI content: a string, or a list of text parts.
+
+    Args:
+        content (Any): a message's content.
+        where (str): the message's place in the body, for the error.
+    """
     if isinstance(content, str):
         return content
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -79,6 +89,13 @@ def text_of(content: Any, where: str) -> str:
 
 
 def read_messages(value: Any, where: str = "messages", final_user: bool = True) -> list[dict[str, str]]:
+    """The messages of a request body, checked: each an object with a known role and text content.
+
+    Args:
+        value (Any): the body's messages.
+        where (str): their place in the body, for the error.
+        final_user (bool): the list must be non-empty and end with a user turn.
+    """
     if not isinstance(value, list) or (final_user and not value):
         raise BadRequest(f"{where} must be a{' non-empty' if final_user else ''} list of messages", param=where)
     messages = []
@@ -93,6 +110,13 @@ def read_messages(value: Any, where: str = "messages", final_user: bool = True) 
 
 
 def positive_int(body: dict, *names: str, default: int) -> int:
+    """The first of `names` set in `body`, checked to be a positive integer; `default` when none is set.
+
+    Args:
+        body (dict): the request body.
+        names (str): the parameters' names, the preferred first.
+        default (int): the value when none is set.
+    """
     for name in names:
         if body.get(name) is not None:
             value = body[name]
@@ -103,6 +127,11 @@ def positive_int(body: dict, *names: str, default: int) -> int:
 
 
 async def read_body(request: Request) -> dict:
+    """The request's JSON body, refused unless it is an object.
+
+    Args:
+        request (Request): the HTTP request.
+    """
     try:
         body = json.loads(await request.body() or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
@@ -113,7 +142,11 @@ async def read_body(request: Request) -> dict:
 
 
 def check_greedy(body: dict) -> None:
-    """The server decodes greedily, the mode in which drafts cannot change an answer."""
+    """The server decodes greedily, the mode in which drafts cannot change an answer.
+
+    Args:
+        body (dict): the request body.
+    """
     if body.get("temperature") not in (None, 0, 0.0):
         raise BadRequest(f"temperature={body['temperature']!r}: this server decodes greedily (temperature 0)",
                          param="temperature")
@@ -125,7 +158,11 @@ def check_greedy(body: dict) -> None:
 
 
 def stream_usage(body: dict) -> bool:
-    """Whether a streamed answer ends with a usage chunk (`stream_options.include_usage`)."""
+    """Whether a streamed answer ends with a usage chunk (`stream_options.include_usage`).
+
+    Args:
+        body (dict): the request body.
+    """
     options = body.get("stream_options") or {}
     if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
         raise BadRequest('stream_options must be {"include_usage": true|false}', param="stream_options")
@@ -137,6 +174,11 @@ class ClosingStream(StreamingResponse):
     suspended when the client leaves, and closing it is what aborts the answer's decoding."""
 
     async def stream_response(self, send) -> None:
+        """Stream the response, then close its generator, whether or not the client stayed.
+
+        Args:
+            send: the ASGI send callable.
+        """
         try:
             await super().stream_response(send)
         finally:
@@ -161,6 +203,11 @@ class Routes:
         return prompt
 
     async def chat(self, request: Request) -> Response:
+        """POST /v1/chat/completions: one answer, whole or streamed.
+
+        Args:
+            request (Request): the HTTP request.
+        """
         try:
             body = await read_body(request)
             self._model(body)
@@ -227,6 +274,11 @@ class Routes:
             raise BadRequest(error.args[0], 404, "session") from None
 
     async def open_session(self, request: Request) -> Response:
+        """POST /v1/sessions: open a typing session.
+
+        Args:
+            request (Request): the HTTP request.
+        """
         try:
             body = await read_body(request)
             self._model(body)
@@ -240,6 +292,11 @@ class Routes:
         return JSONResponse(self._view(session))
 
     async def session_text(self, request: Request) -> Response:
+        """POST /v1/sessions/{id}/text: the text typed so far, which starts or updates a draft.
+
+        Args:
+            request (Request): the HTTP request.
+        """
         try:
             session = self._session(request.path_params["session_id"])
             body = await read_body(request)
@@ -255,6 +312,11 @@ class Routes:
         self.served.sessions.type(session, text, complete)
 
     async def session(self, request: Request) -> Response:
+        """GET or DELETE /v1/sessions/{id}: the session's state, or its end.
+
+        Args:
+            request (Request): the HTTP request.
+        """
         try:
             session = self._session(request.path_params["session_id"])
         except BadRequest as error:
@@ -271,13 +333,28 @@ class Routes:
                 "expires_in": self.served.sessions.ttl}
 
     async def models(self, request: Request) -> Response:
+        """GET /v1/models: the served model.
+
+        Args:
+            request (Request): the HTTP request.
+        """
         return JSONResponse({"object": "list", "data": [{"id": self.served.model_name, "object": "model",
                                                          "owned_by": "headstart", "created": 0}]})
 
     async def health(self, request: Request) -> Response:
+        """GET /health: the server is up.
+
+        Args:
+            request (Request): the HTTP request.
+        """
         return JSONResponse({"status": "ok"})
 
     async def stats(self, request: Request) -> Response:
+        """GET /v1/headstart/stats: counts of sessions, answers and drafts, and the work done.
+
+        Args:
+            request (Request): the HTTP request.
+        """
         return JSONResponse(self.served.sessions.stats())
 
 
@@ -306,6 +383,11 @@ class Reply:
         return "length" if finished.get("reason") == "length" else "stop"
 
     async def whole(self, events: AsyncIterator[dict[str, Any]]) -> dict[str, Any]:
+        """The whole answer as a chat completion, or an error object when decoding failed.
+
+        Args:
+            events (AsyncIterator[dict[str, Any]]): the answer's events.
+        """
         finished: dict[str, Any] = {}
         async for event in events:
             self.tokens += event["tokens"]
@@ -326,6 +408,12 @@ class Reply:
         return f"data: {json.dumps(chunk)}\n\n"
 
     async def chunks(self, events: AsyncIterator[dict[str, Any]], usage: bool) -> AsyncIterator[str]:
+        """The answer as SSE chunks; the events are closed however the stream ends, which aborts unfinished decoding.
+
+        Args:
+            events (AsyncIterator[dict[str, Any]]): the answer's events.
+            usage (bool): end with a usage chunk.
+        """
         try:
             async for chunk in self._chunks(events, usage):
                 yield chunk
@@ -355,7 +443,11 @@ class Reply:
 
 @contextlib.asynccontextmanager
 async def expiring(served: Served) -> AsyncIterator[None]:
-    """While the app runs: close the sessions left untouched for `ttl` seconds, checked a few times per ttl."""
+    """While the app runs: close the sessions left untouched for `ttl` seconds, checked a few times per ttl.
+
+    Args:
+        served (Served): what the server serves, its sessions among it.
+    """
 
     async def sweep() -> None:
         while True:
@@ -370,6 +462,12 @@ async def expiring(served: Served) -> AsyncIterator[None]:
 
 
 def build_app(served: Served, extra_routes: list | None = None) -> Starlette:
+    """The Starlette app with the OpenAI and session routes.
+
+    Args:
+        served (Served): what the server serves.
+        extra_routes (list | None): further routes (the live page's), or None.
+    """
     routes = Routes(served)
     return Starlette(lifespan=lambda app: expiring(served), routes=[
         Route("/v1/chat/completions", routes.chat, methods=["POST"]),

@@ -3,7 +3,7 @@ requests in, token events out, one asyncio queue per request.
 
 The worker is one vLLM engine whose speculative proposer reads the drafts posted with each
 request (eval.serving.proposer). This process keeps its pins and its tokenizer, as the
-evaluator's vLLM drafter does (docs/vllm.md): only token ids cross the pipe.
+evaluator's vLLM drafter does: only token ids cross the pipe.
 """
 
 from __future__ import annotations
@@ -27,7 +27,16 @@ def serving_engine_args(model_dir: str, settings: VLLMSettings, dtype: str, need
                         speculative_tokens: int, device: str = "cpu") -> dict:
     """LLMEngine's arguments: `engine_args` (the evaluator's), with the draft proposer when
     `speculative_tokens` > 0, and the model runner in the worker's own process (the "uni"
-    executor), where the proposer reads the board the worker posts drafts on."""
+    executor), where the proposer reads the board the worker posts drafts on.
+
+    Args:
+        model_dir (str): the base directory vLLM loads.
+        settings (VLLMSettings): the run's vLLM settings.
+        dtype (str): the dtype name the engine computes in.
+        needed_model_len (int | None): the longest prompt and answer a request may send, or None.
+        speculative_tokens (int): the most draft tokens verified per step; 0: no proposer.
+        device (str): the device the engine runs on.
+    """
     if speculative_tokens and settings.tensor_parallel_size > 1:
         raise ValueError("drafts need vLLM's model runner in the engine loop's process, and tensor_parallel_size > 1 "
                          "runs it in others: serve with vllm.tensor_parallel_size=1 (a model that fits one GPU), or "
@@ -101,7 +110,14 @@ class ServingEngine:
 
     def add(self, request_id: str, prompt: list[int], max_tokens: int, sources: dict[str, Any] | None) -> asyncio.Queue:
         """Start greedy decoding of `prompt`; `sources` (held draft, earlier drafts) feed the proposer, None proposes
-        nothing. Call from the event loop the queue belongs to."""
+        nothing. Call from the event loop the queue belongs to.
+
+        Args:
+            request_id (str): the request's id.
+            prompt (list[int]): the prompt's token ids.
+            max_tokens (int): the most tokens the answer may have.
+            sources (dict[str, Any] | None): the drafts the proposer reads, or None for no proposals.
+        """
         events: asyncio.Queue = asyncio.Queue()
         with self.lock:
             if self.dead:
@@ -111,7 +127,11 @@ class ServingEngine:
         return events
 
     def abort(self, request_id: str) -> None:
-        """Stop a request; its queue gets a finished event with reason "abort" (none if it had finished)."""
+        """Stop a request; its queue gets a finished event with reason "abort" (none if it had finished).
+
+        Args:
+            request_id (str): the request's id.
+        """
         self._send({"op": "abort", "id": request_id})
 
     def _send(self, message: dict) -> None:

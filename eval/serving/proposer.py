@@ -60,7 +60,14 @@ class DraftBoard:
     def post(self, request_id: str, prompt: list[int], max_tokens: int, sources: dict[str, Any] | None) -> None:
         """A request about to be added: `sources` {"held": draft, "earlier": [draft, ...] newest first,
         "policy": the lookup policy's fields, null for none (the held draft, then plain decoding),
-        absent for the engine's}, or None for a request that gets no proposals (plain decoding)."""
+        absent for the engine's}, or None for a request that gets no proposals (plain decoding).
+
+        Args:
+            request_id (str): the request's id.
+            prompt (list[int]): the prompt's token ids.
+            max_tokens (int): the most tokens the answer may have.
+            sources (dict[str, Any] | None): the drafts to propose from, or None.
+        """
         proposer = None
         if sources is not None:
             policy = self.policy
@@ -72,7 +79,11 @@ class DraftBoard:
                                             max_tokens=max_tokens)
 
     def remove(self, request_id: str) -> dict[str, int]:
-        """Take a finished or aborted request off the board; its proposal counts."""
+        """Take a finished or aborted request off the board; its proposal counts.
+
+        Args:
+            request_id (str): the request's id.
+        """
         posting = self.postings.pop(request_id, None)
         if posting is None:
             return {"proposed": 0, "accepted": 0, "verifications": 0}
@@ -82,7 +93,13 @@ class DraftBoard:
     def posting_of(self, row: int, tokens: np.ndarray, taken: set[int]) -> Posting | None:
         """The posting whose prompt row `row` (its tokens so far `tokens`) begins with, not one in
         `taken` (already matched to another row at this step). The row's posting of the last step
-        is checked first: vLLM moves a request to another row only when rows free up."""
+        is checked first: vLLM moves a request to another row only when rows free up.
+
+        Args:
+            row (int): the request's row in vLLM's batch.
+            tokens (np.ndarray): the row's tokens so far.
+            taken (set[int]): postings already matched to other rows at this step.
+        """
         known = self.rows.get(row)
         if known is not None and id(known) not in taken and _begins_with(tokens, known.prompt) and \
                 self.postings.get(known.request_id) is known:
@@ -114,10 +131,24 @@ class DraftProposer:
         self.max_model_len = vllm_config.model_config.max_model_len
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        """Nothing to load: the proposals come from drafts."""
+        """Nothing to load: the proposals come from drafts.
+
+        Args:
+            args (Any): what vLLM passes, unused.
+            kwargs (Any): what vLLM passes, unused.
+        """
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                 slot_mappings: Any = None) -> list[list[int]]:
+        """For each row of vLLM's batch, the next tokens its posting proposes (none without a posting).
+
+        Args:
+            sampled_token_ids (list[list[int]]): the tokens each row sampled at this step (none: the row is not
+                decoding).
+            num_tokens_no_spec (np.ndarray): each row's token count, proposals left out.
+            token_ids_cpu (np.ndarray): each row's tokens.
+            slot_mappings (Any): vLLM's slot mappings, unused.
+        """
         proposals: list[list[int]] = []
         taken: set[int] = set()
         for row, sampled in enumerate(sampled_token_ids):

@@ -30,13 +30,32 @@ from headstart.segment import segment_request
 
 
 class Engine(Protocol):
-    def add(self, request_id: str, prompt: list[int], max_tokens: int, sources: dict[str, Any] | None) -> asyncio.Queue: ...
+    def add(self, request_id: str, prompt: list[int], max_tokens: int, sources: dict[str, Any] | None) -> asyncio.Queue:
+        """Start greedy decoding of `prompt`; its events arrive on the returned queue.
 
-    def abort(self, request_id: str) -> None: ...
+        Args:
+            request_id (str): the request's id.
+            prompt (list[int]): the prompt's token ids.
+            max_tokens (int): the most tokens the answer may have.
+            sources (dict[str, Any] | None): the drafts the proposer reads, or None for no proposals.
+        """
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request.
+
+        Args:
+            request_id (str): the request's id.
+        """
+        ...
 
 
 def complete_prefix(typed: str) -> str:
-    """The complete segments of the text typed so far: all but the last, which may still grow."""
+    """The complete segments of the text typed so far: all but the last, which may still grow.
+
+    Args:
+        typed (str): the text typed so far.
+    """
     return "".join(segment_request(typed)[:-1])
 
 
@@ -69,7 +88,12 @@ class Session:
 
     def keep(self, prefix: str, tokens: list[int]) -> None:
         """A draft (whole or partial) of `prefix`: it replaces an earlier one of the same prefix,
-        which it extends (a resumed draft starts from the paused one's tokens)."""
+        which it extends (a resumed draft starts from the paused one's tokens).
+
+        Args:
+            prefix (str): the typed text (complete segments) the draft answers.
+            tokens (list[int]): the draft's tokens.
+        """
         if not tokens:
             return
         kept = dict(self.drafts).get(prefix, [])
@@ -79,7 +103,11 @@ class Session:
 
     def sources(self, prediction: list[int] | None = None) -> dict[str, Any]:
         """The proposer's sources: the held draft (`prediction` when the client sent one, else the
-        newest draft) and the earlier drafts, newest first."""
+        newest draft) and the earlier drafts, newest first.
+
+        Args:
+            prediction (list[int] | None): the held draft the client sent, or None.
+        """
         drafts = [d for p, d in self.drafts]
         if self.job and self.job.tokens:
             kept = dict(self.drafts).get(self.job.prefix, [])
@@ -123,11 +151,22 @@ class Sessions:
     # Sessions
 
     def open(self, history: list[dict[str, str]], max_tokens: int) -> Session:
+        """A new session with its earlier turns.
+
+        Args:
+            history (list[dict[str, str]]): the dialogue's earlier turns.
+            max_tokens (int): the most tokens an answer may have.
+        """
         session = Session(f"sess-{next(self.ids)}-{time.time_ns() % 10**9}", history, max_tokens, time.monotonic())
         self.sessions[session.session_id] = session
         return session
 
     def get(self, session_id: str) -> Session:
+        """The open session `session_id`; KeyError when it is not open.
+
+        Args:
+            session_id (str): the session's id.
+        """
         session = self.sessions.get(session_id)
         if session is None:
             raise KeyError(f"no session {session_id!r}: never opened, already submitted, cancelled or expired "
@@ -135,7 +174,13 @@ class Sessions:
         return session
 
     def type(self, session: Session, text: str, complete: bool = False) -> None:
-        """The text typed so far; `complete`: it ends a segment (else headstart.segment decides)."""
+        """The text typed so far; `complete`: it ends a segment (else headstart.segment decides).
+
+        Args:
+            session (Session): the session.
+            text (str): the text typed so far.
+            complete (bool): the text ends a segment.
+        """
         session.text, session.touched = text, time.monotonic()
         if not self.drafting:
             return
@@ -153,7 +198,12 @@ class Sessions:
         self._schedule()
 
     def close(self, session: Session, why: str = "cancelled") -> None:
-        """End a session: its draft stops, its drafts are dropped, its listener hears no more."""
+        """End a session: its draft stops, its drafts are dropped, its listener hears no more.
+
+        Args:
+            session (Session): the session.
+            why (str): why it ends: the reason its running draft stops with.
+        """
         self.sessions.pop(session.session_id, None)
         session.listener = None
         if session.job:
@@ -224,7 +274,15 @@ class Sessions:
     async def answer(self, request_id: str, prompt: list[int], max_tokens: int, sources: dict[str, Any] | None,
                      session: Session | None = None) -> AsyncIterator[dict[str, Any]]:
         """The events of one answer; every draft pauses while it runs. A session is submitted: its
-        draft stops (what it decoded is a source) and the session ends."""
+        draft stops (what it decoded is a source) and the session ends.
+
+        Args:
+            request_id (str): the request's id.
+            prompt (list[int]): the prompt's token ids.
+            max_tokens (int): the most tokens the answer may have.
+            sources (dict[str, Any] | None): the drafts the proposer reads, or None.
+            session (Session | None): the session submitted, or None for a plain chat request.
+        """
         self.answers += 1
         try:
             for job in list(self.running.values()) if self.answers_first else []:
