@@ -1,22 +1,45 @@
-"""Checks of a training recipe's values, run before anything loads (train/sft.py `parse_recipe`).
+"""A training recipe as train/sft.py reads it: loaded, and its values checked before anything loads.
 
-The loader has checked the headstart sections' keys and types, train/sft_fields.py the
-`training:` section's; these are the values that would fail (or silently misbehave) only
-once the model has loaded, and the combinations an objective cannot run with.
+The loader has checked the headstart sections' keys and types, train/sft_config.py the
+`training:` section's; the checks here are those TRL makes nowhere, or only once the model has
+loaded: values that would fail (or silently misbehave) then, and the combinations an objective
+cannot run with. TRL's own checks of the `training:` values run when train/sft.py builds its
+SFTConfig, before any download.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
+from headstart.config import load_config
 from headstart.prompts import canonical_system_setting
 from train.config import DIVERGENCES, OBJECTIVES, SDFT_MODES, TRACKERS, RecipeValueError, SdftSection, TrainRecipe
-from train.sft_fields import check_training_section
+from train.sft_config import check_training_section
+
+DEFAULT_RECIPE = "smollm2_prefix"
+
+
+def parse_recipe(argv: list[str]) -> tuple[TrainRecipe, str]:
+    """The validated recipe and its name (for the run directory and tags).
+
+    Args:
+        argv: `recipe=NAME key=value section.key=value ...`; without `recipe=`, the embedded default.
+    """
+    if not any(arg.startswith("recipe=") for arg in argv):
+        argv = [f"recipe={DEFAULT_RECIPE}", *argv]
+    name = Path([a for a in argv if a.startswith("recipe=")][-1].split("=", 1)[1]).stem
+    return validate(load_config(TrainRecipe, argv)), name
 
 
 def validate(recipe: TrainRecipe) -> TrainRecipe:
-    """Reject values that cannot work: unknown objective, bad batch split, bad slot settings."""
+    """Reject values that cannot work: unknown objective, bad batch split, bad slot settings;
+    returns the recipe with its system message setting canonicalised.
+
+    Args:
+        recipe: the loaded recipe.
+    """
     if recipe.objective not in OBJECTIVES:
         raise RecipeValueError(
             f"objective {recipe.objective!r} is not implemented; available: {', '.join(OBJECTIVES)}"
@@ -46,8 +69,8 @@ def at_least(training: dict[str, Any], name: str, low: float, why: str = "") -> 
 
 
 def validate_numbers(recipe: TrainRecipe) -> None:
-    """Values PEFT, TRL or the optimiser would refuse (or misuse) only once the model has
-    loaded: a rank-0 adapter, a negative learning rate, a tracker name nobody knows."""
+    """Values PEFT, TRL or the optimiser would refuse (or misuse) only once the model has loaded:
+    a rank-0 adapter, a negative learning rate, a tracker name nobody knows."""
     lora, t = recipe.lora, recipe.training
     if lora.r < 1:
         raise RecipeValueError(f"lora.r must be >= 1 (the adapter's rank), got {lora.r}")
@@ -60,12 +83,9 @@ def validate_numbers(recipe: TrainRecipe) -> None:
     rate = t.get("learning_rate")
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
         raise RecipeValueError(f"training.learning_rate must be a positive number, got {rate}")
-    at_least(t, "warmup_steps", 0, " (below 1: a share of the steps)")
     for name in ("weight_decay", "eval_steps", "dataloader_num_workers"):
         at_least(t, name, 0)
     at_least(t, "max_grad_norm", 0, " (0: no clipping)")
-    if not (t.get("logging_steps") or 0) > 0:
-        raise RecipeValueError(f"training.logging_steps must be > 0, got {t.get('logging_steps')}")
     limit = t.get("save_total_limit")
     if limit is not None and limit < 1:
         raise RecipeValueError(f"training.save_total_limit must be null (keep all) or >= 1, got {limit}")
