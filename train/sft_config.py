@@ -96,7 +96,8 @@ class HeadstartSFTConfig(SFTConfig):
 
 
 # The fields HeadstartSFTConfig declares: the `training:` keys --help lists, and the section's defaults.
-HEADSTART_FIELDS = [f for f in dataclasses.fields(HeadstartSFTConfig) if "headstart" in f.metadata]
+# In the order it declares them (dataclasses keep an overridden field at its base class's place).
+HEADSTART_FIELDS = [HeadstartSFTConfig.__dataclass_fields__[name] for name in HeadstartSFTConfig.__annotations__]
 TRAINING_DEFAULTS: dict[str, Any] = {
     f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default for f in HEADSTART_FIELDS}
 
