@@ -1,4 +1,4 @@
-"""train/refusion.py: the slot layout, the loss, and `objective: refusion` through train/sft.py."""
+"""train/refusion_objective.py: the slot layout, the loss, and `objective: refusion` through train/sft.py."""
 
 from __future__ import annotations
 
