@@ -38,10 +38,9 @@ from train.checkpoints import CompletenessMarker, last_complete_checkpoint, stop
 from train.data import data_fingerprint  # noqa: E402
 from train.model import lora_config  # noqa: E402
 from train.objectives import objective_trainer, trainer_config  # noqa: E402
-from train.preflight import StackVersionError as StackVersionError  # noqa: E402 (raised by check_transformers_version)
-from train.preflight import check_transformers_version, training_gpu_requests  # noqa: E402
 from train.processes import group_timeout, keep_one_gpu, process_device, process_group_kwargs  # noqa: E402
-from train.recipe import parse_recipe  # noqa: E402
+from train.recipe import StackVersionError as StackVersionError  # noqa: E402 (raised by check_transformers_version)
+from train.recipe import check_transformers_version, parse_recipe, training_gpu_requests  # noqa: E402
 from train.relaunch import check_inputs, check_run_dir, mark_run  # noqa: E402
 from train.saving import save_final, training_record  # noqa: E402
 from train.splits import load_data  # noqa: E402

@@ -42,26 +42,19 @@ def _headstart(default: Any = None, note: str = "", *, factory: Any = None) -> A
 
 @dataclass
 class HeadstartSFTConfig(SFTConfig):
-    r"""TRL's [`SFTConfig`] with the defaults of headstart's embedded CPU recipe (`smollm2_prefix`), so a
-    bare `train/sft.py` run trains SmolLM2-135M in minutes without network.
+    r"""TRL's [`SFTConfig`] with the defaults of headstart's embedded CPU recipe (`smollm2_prefix`): a bare
+    `train/sft.py` run trains SmolLM2-135M in minutes without network. A field's help is TRL's, then
+    what headstart does beyond it (`training_help_rows`).
 
     > [!NOTE]
-    > These parameters have default values different from [`SFTConfig`], or a meaning headstart adds:
-    > - `output_dir`: `None` is `outputs/train/<recipe>`; `run_name`: `None` is `<recipe>-<model name>`.
-    > - `learning_rate`: `2e-4` instead of `2e-5`, scaled by the square root when the batch plan raises
-    >   the effective batch; `per_device_train_batch_size`: `2` instead of `8`, an upper bound the batch
-    >   plan lowers to keep `run.effective_batch_size`.
-    > - `max_length`: `512` instead of `1024`; `max_steps`: `20` instead of `-1`; `lr_scheduler_type`:
-    >   `"cosine"` instead of `"linear"`; `warmup_steps`: `0.03` (a share of the steps) instead of `0`.
-    > - `bf16`: `None` is on with CUDA, off on CPU, instead of on unless `fp16`.
-    > - `activation_checkpointing`: `False` instead of on (the recipes decide from train/memory.py).
-    > - `completion_only_loss`: `True`: the loss on the answer only.
-    > - `logging_steps`: `1` instead of `10`; `save_steps`: `10` instead of `500`; `save_total_limit`: `2`;
-    >   `eval_steps`: `0` is never, else every N steps when `data.eval_split` exists.
-    > - `report_to`: `["tensorboard", "wandb"]` instead of `"none"`;
-    >   `include_num_input_tokens_seen`: `"all"` (with TRL's `num_tokens`: the padding share).
-    > - `seed` is also the data order (`data_seed`) unless given; `ddp_timeout` also bounds the process
-    >   group train/sft.py creates.
+    > These parameters have default values different from [`SFTConfig`]:
+    > - `learning_rate` `2e-4` (not `2e-5`), `per_device_train_batch_size` `2` (not `8`), `max_length` `512`
+    >   (not `1024`), `max_steps` `20` (not `-1`), `lr_scheduler_type` `"cosine"` (not `"linear"`),
+    >   `warmup_steps` `0.03` (not `0`), `logging_steps` `1` (not `10`), `save_steps` `10` (not `500`),
+    >   `save_total_limit` `2` (not `None`), `eval_steps` `0` (never; not `None`).
+    > - `bf16` `None`: on with CUDA, off on CPU (not on unless `fp16`); `activation_checkpointing` `False`
+    >   (not on); `completion_only_loss` `True` (the answer only).
+    > - `report_to` `["tensorboard", "wandb"]` (not `"none"`); `include_num_input_tokens_seen` `"all"` (not `"no"`).
     """
 
     output_dir: str | None = _headstart(None, "null: outputs/train/<recipe>")
