@@ -34,12 +34,22 @@ _TRL_FIELDS = {f.name: f for f in dataclasses.fields(SFTConfig)}
 
 
 def _headstart(default: Any = None, note: str = "", *, factory: Any = None) -> Any:
-    """A field headstart sets its own way; `note`: what headstart does beyond TRL's meaning (its help,
-    after TRL's, in `training_help_rows`)."""
+    """A field headstart sets its own way; `note`: what headstart does beyond TRL's meaning."""
     kind = {"default_factory": factory} if factory is not None else {"default": default}
     return dataclasses.field(**kind, metadata={"headstart": note})
 
 
+def _with_trl_help(cls: type) -> type:
+    """Give each field `cls` declares TRL's help, then its headstart note, as its `help` metadata
+    (what HfArgumentParser and `--help` read)."""
+    for name in cls.__annotations__:
+        f, note = cls.__dataclass_fields__[name], cls.__dataclass_fields__[name].metadata["headstart"]
+        text = _TRL_FIELDS[name].metadata.get("help", "") + (f" headstart: {note}." if note else "")
+        f.metadata = types.MappingProxyType({"help": text})  # argparse's keywords only
+    return cls
+
+
+@_with_trl_help
 @dataclass
 class HeadstartSFTConfig(SFTConfig):
     r"""TRL's [`SFTConfig`] with the defaults of headstart's embedded CPU recipe (`smollm2_prefix`): a bare
@@ -186,9 +196,7 @@ def training_help_rows() -> list[tuple[str, str, Any, str]]:
     help from SFTConfig's field metadata, then headstart's note."""
     rows = []
     for f in HEADSTART_FIELDS:
-        text = " ".join(_TRL_FIELDS[f.name].metadata.get("help", "").replace("%%", "%").split())  # argparse's escape
-        if f.metadata["headstart"]:
-            text += f" headstart: {f.metadata['headstart']}."
+        text = " ".join(f.metadata["help"].replace("%%", "%").split())  # argparse's escape undone
         kind = " | ".join(sorted(_names(_accepted_types(_field_types()[f.name]) or set()))) or str(f.type)
         rows.append((f.name, kind, TRAINING_DEFAULTS[f.name], text))
     return rows
