@@ -32,7 +32,7 @@ def check_data(argv: list[str]) -> None:
 
 def check_train(argv: list[str]) -> None:
     from train.config import TrainRecipe
-    from train.validation import validate
+    from train.recipe import validate
 
     if not any(arg.startswith("recipe=") for arg in argv):
         argv = ["recipe=smollm2_prefix", *argv]  # train/sft.py's default recipe

@@ -221,7 +221,7 @@ def test_the_paper_batch_is_refused_before_any_data_work(no_gpu_environment, tmp
 
 def test_a_process_loads_the_whole_model_on_its_own_gpu(no_gpu_environment):
     """Left unset, TRL gives a single process device_map="auto": the model spread over every GPU."""
-    from train.arguments import model_init_kwargs
+    from train.model import model_init_kwargs
     from train.sft import parse_recipe
 
     recipe, _ = parse_recipe(["recipe=qwen3_prefix", "model.dtype=bfloat16"])
@@ -239,7 +239,7 @@ def test_a_single_process_on_a_multi_gpu_node_trains_on_one_gpu(tmp_path):
     node's count, which TRL refuses after the model has loaded."""
     from trl import SFTConfig
 
-    from train.arguments import keep_one_gpu
+    from train.processes import keep_one_gpu
 
     args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, report_to=[])
     args._n_gpu = 8  # what TrainingArguments counts on an 8-GPU node without a launcher

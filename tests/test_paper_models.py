@@ -32,8 +32,8 @@ from headstart.refusion import (
     REFUSION_TOKEN_IDS,
 )
 from train import memory, memory_formulas
-from train.arguments import lora_config
 from train.memory_formulas import Adapter, Architecture, Kernels
+from train.model import lora_config
 from train.sft import parse_recipe
 
 PAPER_MODELS = {
@@ -174,7 +174,7 @@ def qwen3_layout_tokenizer(extra: tuple[str, ...] = ()):
 
 def test_refusion_8b_trains_lora_alone():
     """ReFusion-8B's tokenizer already has both tokens: nothing is added, as upstream trains it."""
-    from train.refusion import add_trainable_tokens
+    from train.refusion_objective import add_trainable_tokens
 
     recipe, _ = parse_recipe(["recipe=refusion_prefix_to_answer"])
     config = memory.vendored_config(recipe.model.name_or_path)
@@ -189,7 +189,7 @@ def test_refusion_8b_trains_lora_alone():
 def test_qwen3_base_with_the_refusion_objective_trains_the_two_token_rows():
     """A Qwen3-8B base gets the tokens at ReFusion's ids, inside its 151,936 rows (no
     resize), and their input and output rows train beside LoRA (untied embeddings)."""
-    from train.refusion import add_trainable_tokens
+    from train.refusion_objective import add_trainable_tokens
 
     recipe, _ = parse_recipe(["recipe=refusion_prefix_to_answer", "model.name_or_path=Qwen/Qwen3-8B"])
     config = memory.vendored_config(recipe.model.name_or_path)
@@ -335,7 +335,7 @@ def tiny_batch() -> dict[str, torch.Tensor]:
 
 
 def training_loss(model, objective: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The loss each objective's trainer computes (TRL's fused SFT loss, train/refusion.py,
+    """The loss each objective's trainer computes (TRL's fused SFT loss, train/refusion_objective.py,
     train/distill.py), with their functions."""
     from train.distill import (
         answer_logits,
@@ -343,7 +343,7 @@ def training_loss(model, objective: str, batch: dict[str, torch.Tensor]) -> torc
         logits_to_keep,
         teacher_targets,
     )
-    from train.refusion import refusion_loss
+    from train.refusion_objective import refusion_loss
 
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
     if objective == "sft":

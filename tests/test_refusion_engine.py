@@ -225,7 +225,7 @@ def test_a_fully_accepted_draft_costs_the_minimum_and_a_rejected_one_the_baselin
 
 
 def test_draft_in_context_decodes_after_the_prompt_and_the_draft(toy):
-    """The draft-refinement layout (train/refusion.py): prompt | draft without its EOS |
+    """The draft-refinement layout (train/refusion_objective.py): prompt | draft without its EOS |
     answer. Verification and infill both see the draft; an empty draft is the baseline."""
     loaded, prompts = toy
     refining = replace(TOY_SETTINGS, draft_in_context=True)

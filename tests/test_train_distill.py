@@ -24,10 +24,11 @@ from test_train_support import (
 
 from headstart.models import load_model, load_tokenizer
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, detect_family, render_prompt
-from train.arguments import lora_config, sft_config
 from train.config import RecipeValueError
 from train.distill import IGNORE_INDEX, DistillCollator, DistillTrainer
+from train.model import lora_config
 from train.sft import parse_recipe
+from train.sft_config import sft_config
 from train.tokenization import tokenize_dataset
 
 X = IGNORE_INDEX

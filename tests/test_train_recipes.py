@@ -13,8 +13,8 @@ from headstart.config import RecipeError, config_from_dict, load_config
 from headstart.paths import RECIPES_DIR
 from train.batch import batch_plan
 from train.config import RecipeValueError, TrainRecipe
+from train.recipe import validate
 from train.sft import parse_recipe
-from train.validation import validate
 
 # recipes/<folder>/ -> the schema of the entry point that reads it (module, class).
 SCHEMAS = {
@@ -107,7 +107,7 @@ def test_a_key_that_moved_out_of_training_names_its_new_place(tmp_path):
 def test_training_section_is_trls_sft_config():
     """Any SFTConfig field is given under its own name and reaches SFTConfig as it is; a bad
     type is refused naming the field; what train/sft.py derives is refused with where it comes from."""
-    from train.arguments import sft_config
+    from train.sft_config import sft_config
 
     recipe, _ = parse_recipe(["training.logging_first_step=true", "training.optim=adafactor"])
     args = sft_config(recipe, "smollm2_prefix", Path("/tmp/unused"), world_size=1, evaluate=False, placement=(0, "cpu"))
@@ -126,8 +126,7 @@ def test_training_section_is_trls_sft_config():
 
 
 def test_training_help_rows_come_from_sft_configs_metadata():
-    from train.config import TRAINING_DEFAULTS
-    from train.sft_fields import training_help_rows
+    from train.sft_config import TRAINING_DEFAULTS, training_help_rows
 
     rows = {name: (kind, default, text) for name, kind, default, text in training_help_rows()}
     assert set(rows) == set(TRAINING_DEFAULTS)

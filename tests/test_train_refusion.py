@@ -1,4 +1,4 @@
-"""train/refusion.py: the slot layout, the loss, and `objective: refusion` through train/sft.py."""
+"""train/refusion_objective.py: the slot layout, the loss, and `objective: refusion` through train/sft.py."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
 from test_train_support import ONE_PROCESS, humaneval_dialogues, launch, step_losses, tiny_overrides
 
-import train.refusion as refusion
+import train.refusion_objective as refusion
 from headstart.models import load_model
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, detect_family, render_prompt
 from headstart.refusion import MASK_TOKEN, mask_token_id
 from headstart.run_dir import MARK
 from train.config import RecipeValueError
-from train.refusion import RefusionCollator, SlotDraw, draw_slots, lay_out, refusion_loss
+from train.refusion_objective import RefusionCollator, SlotDraw, draw_slots, lay_out, refusion_loss
 from train.sft import parse_recipe
 from train.tokenization import IGNORE_INDEX, tokenize_dataset
 

@@ -23,8 +23,8 @@ from transformers import AutoModelForCausalLM
 
 from headstart.models import load_model, load_tokenizer
 from headstart.prompts import detect_family, encode_prompt, render_prompt
-from train.arguments import lora_config
 from train.config import RecipeValueError
+from train.model import lora_config
 from train.sdft import PRIVILEGED, sdft_config, sdft_rows, sdft_trainer
 from train.sft import parse_recipe
 from train.tokenization import resolve_training_system

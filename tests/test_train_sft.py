@@ -14,8 +14,9 @@ from headstart.prompts import (
     render_prompt,
     resolve_system_message,
 )
-from train.arguments import lora_config, sft_config
+from train.model import lora_config
 from train.sft import parse_recipe
+from train.sft_config import sft_config
 from train.tokenization import split_prompt_answer, tokenize_dataset
 
 

@@ -1,2 +1,2 @@
 """Training: LoRA adapters on prefix-to-answer data (`train/sft.py`), with TRL's SFT loss
-or the ReFusion slot objective (`train/refusion.py`)."""
+or the ReFusion slot objective (`train/refusion_objective.py`)."""

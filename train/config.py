@@ -2,12 +2,12 @@
 
 One dataclass per headstart section, each field with a one-line help, in TRL's style;
 the loader (`headstart.config.load_config`) rejects keys they do not declare. The
-`training:` section is TRL's own `SFTConfig`, under its field names (as
-alignment-handbook's recipes give them), checked against SFTConfig's fields by
-train/sft_fields.py and passed to it as they are; headstart's defaults for it are
-`TRAINING_DEFAULTS`. The defaults are the embedded CPU default (`smollm2_prefix`), so a
-bare `train/sft.py` run trains SmolLM2-135M in minutes without network. Checks of the
-values: train/validation.py; the batch plan: train/batch.py.
+`training:` section is TRL's own `SFTConfig` under its field names (as alignment-handbook's
+recipes give them), with headstart's defaults as the fields of `HeadstartSFTConfig`
+(train/sft_config.py, which checks its keys); the `model:` and `lora:` sections reach TRL
+as its `ModelConfig` (train/model.py). The defaults are the embedded CPU default
+(`smollm2_prefix`), so a bare `train/sft.py` run trains SmolLM2-135M in minutes without
+network. Checks of the values: train/recipe.py; the batch plan: train/batch.py.
 """
 
 from __future__ import annotations
@@ -89,50 +89,12 @@ class RunSection:
     )
 
 
-# headstart's defaults of the TRL `SFTConfig` fields a recipe's `training:` section holds
-# (any other SFTConfig field may be given too, train/sft_fields.py checks it). They are the
-# embedded CPU default's; `TRAINING_NOTES` says where headstart reads one its own way.
-TRAINING_DEFAULTS: dict[str, Any] = {
-    "output_dir": None,
-    "run_name": None,
-    "learning_rate": 2e-4,
-    "per_device_train_batch_size": 2,
-    "max_length": 512,
-    "max_steps": 20,
-    "lr_scheduler_type": "cosine",
-    "warmup_steps": 0.03,
-    "weight_decay": 0.0,
-    "max_grad_norm": 1.0,
-    "seed": 42,
-    "bf16": None,
-    "activation_checkpointing": False,  # TRL turns it on; the recipes decide from train/memory.py
-    "packing": False,
-    "packing_strategy": "bfd",
-    "padding_free": False,
-    "completion_only_loss": True,  # loss on the answer only (the completion_mask of the tokenized rows)
-    "logging_steps": 1,
-    "save_strategy": "steps",
-    "save_steps": 10,
-    "save_total_limit": 2,
-    "eval_steps": 0,
-    "report_to": ["tensorboard", "wandb"],
-    "include_num_input_tokens_seen": "all",  # with TRL's num_tokens (real tokens): the padding share
-    "ddp_timeout": 1800,
-    "dataloader_num_workers": 0,
-}
-# What headstart does with a `training:` field beyond TRL's meaning (shown by `--help` after TRL's help).
-TRAINING_NOTES = {
-    "output_dir": "null: outputs/train/<recipe>",
-    "run_name": "null: <recipe>-<model name>",
-    "learning_rate": "scaled by the square root when the batch plan raises the effective batch",
-    "per_device_train_batch_size": "at most: lowered to keep run.effective_batch_size",
-    "seed": "also the data order (data_seed) unless given",
-    "bf16": "null: on with CUDA, off on CPU; true asks for a GPU (refused where CUDA is unusable, unless "
-            "accelerate launch --cpu)",
-    "eval_steps": "0: never; else every N steps when data.eval_split exists",
-    "report_to": "trackers train/tracking.py configures: tensorboard, wandb, or [none]",
-    "ddp_timeout": "also the timeout of the process group train/sft.py creates",
-}
+def training_defaults() -> dict[str, Any]:
+    """The `training:` section a recipe starts from: the fields `HeadstartSFTConfig` declares, at
+    its defaults (imported when a recipe is read: TRL is heavy, and train.memory's help needs none)."""
+    from train.sft_config import TRAINING_DEFAULTS
+
+    return dict(TRAINING_DEFAULTS)
 
 
 @dataclass
@@ -196,9 +158,9 @@ class TrainRecipe:
     lora: LoraSection = field(default_factory=LoraSection, metadata={"help": "PEFT LoRA adapter"})
     run: RunSection = field(default_factory=RunSection, metadata={"help": "batch plan, resume and merge (headstart's own)"})
     training: dict[str, Any] = field(
-        default_factory=lambda: dict(TRAINING_DEFAULTS),
+        default_factory=training_defaults,
         metadata={"help": "TRL SFTConfig fields under their own names (optimisation, schedule, checkpoints, logging)",
-                  "help_rows": "train.sft_fields:training_help_rows"},  # headstart.config.render_help
+                  "help_rows": "train.sft_config:training_help_rows"},  # headstart.config.render_help
     )
     refusion: RefusionSection = field(default_factory=RefusionSection, metadata={"help": "ReFusion slot objective settings"})
     distill: DistillSection = field(

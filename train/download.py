@@ -20,7 +20,7 @@ from headstart.config import cli_main
 from headstart.models import download_model, is_hub_id
 from headstart.paths import is_default_output
 from train.data import load_split
-from train.sft import parse_recipe
+from train.recipe import parse_recipe
 
 
 def run(argv: list[str]) -> dict[str, str | None]:

@@ -6,7 +6,7 @@
 
 The architecture comes from the model's `config.json` vendored in `recipes/models/<hub id>/`
 (no download; see recipes/models/README.md), the adapter and batch from the recipe, read
-with the training script's own loader (train/sft.py `parse_recipe`, train/arguments.py `lora_config`), and the
+with the training script's own loader (train/recipe.py `parse_recipe`, train/model.py `lora_config`), and the
 per-device batch from the batch plan of that many GPUs (train/batch.py `batch_plan`). Every
 figure is a worst case: every sequence of the micro-batch padded to `training.max_length`,
 every position an answer token. It is the memory of the tensors PyTorch allocates; the CUDA
@@ -146,7 +146,7 @@ def table(estimates: list[Estimate], card_gib: float) -> str:
 
 def main(argv: list[str]) -> None:
     exit_on_help(MemoryArgs, argv, usage="[recipe=NAME ...] [gpus=N] [card_gib=GIB] [section.key=value ...]")
-    from train.sft import parse_recipe
+    from train.recipe import parse_recipe
 
     names, args = parse_args(argv)
     estimates = []

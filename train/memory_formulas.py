@@ -179,7 +179,7 @@ def vision_params(config) -> int:
 
 @dataclass(frozen=True)
 class Adapter:
-    """The LoRA adapter of a recipe, as train/arguments.py `lora_config` builds it."""
+    """The LoRA adapter of a recipe, as train/model.py `lora_config` builds it."""
 
     rank: int
     dropout: float
@@ -195,7 +195,7 @@ def adapter_of(recipe, arch: Architecture) -> Adapter:
     names transformers gives them (`<decoder>.layers.<i>.<self_attn|mlp>.<name>`)."""
     from peft.tuners.tuners_utils import check_target_module_exists
 
-    from train.arguments import lora_config
+    from train.model import lora_config
 
     config = lora_config(recipe)
     wrapped = tuple(p for p in PROJECTIONS if check_target_module_exists(config, module_name(arch, p)))

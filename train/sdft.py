@@ -39,10 +39,10 @@ from datasets import Dataset
 
 from headstart.config import error_line
 from headstart.prompts import CHATML_TEMPLATE, Family, detect_family, encode_prompt
-from train.arguments import trainer_arguments
 from train.batch import batch_plan
-from train.config import TRAINING_DEFAULTS, RecipeValueError, TrainRecipe
+from train.config import RecipeValueError, TrainRecipe
 from train.data import check_rows
+from train.sft_config import TRAINING_DEFAULTS, trainer_arguments
 from train.tokenization import FULL_REQUEST, check_full_requests, dialogue, streamed_turn, with_system
 
 # The API is experimental upstream; the pinned trl 1.16 is what this module and its tests use.
@@ -64,7 +64,7 @@ def sdft_fields() -> set[str]:
 def sdft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
                 placement: tuple[int, str] | None = None) -> SDFTConfig:
     """TRL's SDFTConfig: the `training:` section and the batch plan as for SFTConfig
-    (train/arguments.py), the `sdft:` section, and the teacher and prompt settings above."""
+    (train/sft_config.py `trainer_arguments`), the `sdft:` section, and the teacher and prompt settings above."""
     plan, s = batch_plan(recipe, world_size), recipe.sdft
     if plan.effective % s.num_generations:
         raise RecipeValueError(

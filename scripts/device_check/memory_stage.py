@@ -22,8 +22,8 @@ CPU_SEQUENCE = 128
 def stage_memory(check: Check) -> list[Figure]:
     import torch
 
-    from train.arguments import lora_config
     from train.memory import estimate
+    from train.model import lora_config
 
     recipe, config = paper_model_config(check)
     batch = recipe.training["per_device_train_batch_size"]

@@ -1,0 +1,78 @@
+"""What each `objective:` changes in the run: TRL's config class, and the trainer with its model,
+collator and loss settings. Everything else (LoRA, accelerate, DeepSpeed, checkpoints) is shared."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from accelerate import PartialState
+from peft import LoraConfig
+from transformers import AutoModelForCausalLM
+from trl import SFTConfig, SFTTrainer
+
+from headstart.refusion import mask_token_id
+from train.config import TrainRecipe
+from train.distill import DistillCollator, DistillTrainer
+from train.model import model_init_kwargs
+from train.processes import process_device
+from train.refusion_objective import RefusionCollator, RefusionTrainer, add_trainable_tokens
+from train.sdft import sdft_config, sdft_trainer
+from train.sft_config import sft_config
+
+
+def trainer_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
+                   placement: tuple[int, str] | None = None) -> SFTConfig:
+    """TRL's config of the objective's trainer: SDFTConfig for `sdft`, else HeadstartSFTConfig
+    (arguments: train/sft_config.py `trainer_arguments`)."""
+    build = sdft_config if recipe.objective == "sdft" else sft_config
+    return build(recipe, recipe_name, output_dir, world_size, evaluate, placement)
+
+
+def refusion_collator(recipe: TrainRecipe, tokenizer, process_index: int) -> RefusionCollator:
+    """The slot-layout collator; each process draws its layouts from its own stream (seed + rank).
+
+    Args:
+        recipe: the validated recipe (`refusion:` and `training.max_length`, `training.seed`).
+        tokenizer: the tokenizer with ReFusion's tokens.
+        process_index: this process's rank.
+    """
+    return RefusionCollator(
+        mask_token_id=mask_token_id(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        slot_sizes=tuple(recipe.refusion.slot_sizes),
+        eps=recipe.refusion.eps,
+        max_length=recipe.training["max_length"],
+        seed=recipe.training["seed"] + process_index,
+    )
+
+
+def objective_trainer(recipe: TrainRecipe, model_dir: Path, tokenizer, peft_config: LoraConfig,
+                      state: PartialState) -> tuple[Callable[..., SFTTrainer], Any, Any, dict]:
+    """The trainer class (or factory), the model it is given, its collator and its extra arguments.
+
+    `sft` hands TRL the model directory. `refusion` loads the base with its mask and begin tokens
+    (rows trained beside LoRA), then lays out slots; it is called after the TRL arguments exist, so
+    a ZeRO-3 run partitions the model as TRL's own loading would. `distill`'s teacher is the model
+    with its adapter disabled: no second copy is loaded. `sdft` is TRL's: the student drafts, the
+    adapter-off teacher scores them.
+
+    Args:
+        recipe: the validated recipe.
+        model_dir: the base model's directory.
+        tokenizer: its tokenizer (refusion adds its tokens to it).
+        peft_config: the LoRA config (refusion adds its token rows to it).
+        state: this process's accelerate state.
+    """
+    if recipe.objective == "refusion":
+        model = AutoModelForCausalLM.from_pretrained(model_dir, **model_init_kwargs(recipe, *process_device(state)))
+        add_trainable_tokens(model, tokenizer, peft_config)
+        return RefusionTrainer, model, refusion_collator(recipe, tokenizer, state.process_index), {}
+    if recipe.objective == "distill":
+        collator = DistillCollator(pad_token_id=tokenizer.pad_token_id, max_length=recipe.training["max_length"])
+        return DistillTrainer, model_dir, collator, {"divergence": recipe.distill.divergence,
+                                                     "top_k": recipe.distill.top_k}
+    if recipe.objective == "sdft":
+        return sdft_trainer, model_dir, None, {}
+    return SFTTrainer, model_dir, None, {}

@@ -1,0 +1,72 @@
+"""The tokenized training and evaluation splits of a recipe, and what the adapter records of them."""
+
+from __future__ import annotations
+
+from accelerate import PartialState
+from datasets import Dataset
+
+from headstart.prompts import Family, detect_family
+from train.config import TrainRecipe
+from train.data import load_split
+from train.provenance import answer_models, check_answer_models
+from train.sdft import sdft_rows
+from train.tokenization import check_fits, tokenize_dataset, trained_system_record
+
+
+def training_family(tokenizer, recipe: TrainRecipe) -> Family:
+    """The chat rendering of the training rows: the tokenizer's, and ReFusion's for a Qwen3 base
+    trained with `objective: refusion` (its tokens are added only after the data is tokenized; the
+    adapter's tokenizer has them, so evaluation renders it as ReFusion).
+
+    Args:
+        tokenizer: the base model's tokenizer.
+        recipe: the validated recipe.
+    """
+    family = detect_family(tokenizer)
+    return "refusion" if recipe.objective == "refusion" and family == "qwen3" else family
+
+
+def load_data(recipe: TrainRecipe, tokenizer, state: PartialState,
+              system: str | None) -> tuple[Dataset, Dataset | None, dict]:
+    """Tokenized train and (optional) eval splits, and what the adapter records of its data; the
+    main process tokenizes first, the others reuse its cache. Answers written by another model than
+    the one trained are refused (`data.answers_from_other_model`).
+
+    Args:
+        recipe: the validated recipe.
+        tokenizer: the base model's tokenizer.
+        state: this process's accelerate state.
+        system: the system message the rows are trained with (None: the template's default).
+    """
+    family, data = training_family(tokenizer, recipe), recipe.data
+    sdft = recipe.objective == "sdft"  # trains on its own drafts: the rows' answers, whoever wrote them, unused
+
+    def prepare(rows: Dataset, split: str) -> Dataset:
+        if sdft:
+            return sdft_rows(rows, tokenizer, family, system, recipe, split)
+        return tokenize_dataset(rows, tokenizer, family, system, recipe.objective)
+
+    with state.main_process_first():
+        train = load_split(data.path, data.train_split)
+        if train is None:
+            raise ValueError(f"{data.path} has no split {data.train_split!r}")
+        notes = [] if sdft else check_answer_models(train, data.path, recipe.model.name_or_path,
+                                                    data.answers_from_other_model)
+        if data.max_train_samples:
+            train = train.select(range(min(data.max_train_samples, len(train))))
+        record = {**trained_system_record(system, train),
+                  "answer_models": None if sdft else sorted(answer_models(train, data.path) or []) or None}
+        train = prepare(train, data.train_split)
+        if not sdft:
+            check_fits(train, recipe.training["max_length"], data.train_split)
+        evaluation = None
+        if data.eval_split and (recipe.training["eval_steps"] or 0) > 0:
+            evaluation = load_split(data.path, data.eval_split)
+            if evaluation is not None:
+                if data.max_eval_samples:
+                    evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
+                evaluation = prepare(evaluation, data.eval_split)
+    if state.is_main_process:
+        for note in notes:
+            print(note, flush=True)
+    return train, evaluation, record
