@@ -19,14 +19,11 @@ from dataclasses import replace
 
 import torch
 
-from headstart.paths import outputs_dir, use_checkout
-
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-from eval.config import EvalConfig  # noqa: E402
-from eval.suite import report_finished, run_suite  # noqa: E402
-from headstart.config import load_config  # noqa: E402
-from headstart.models import load_model  # noqa: E402
+from eval.config import EvalConfig
+from eval.suite import report_finished, run_suite
+from headstart.config import load_config
+from headstart.models import load_model
+from headstart.paths import outputs_dir
 
 
 def main() -> None:

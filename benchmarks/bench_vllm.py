@@ -30,20 +30,17 @@ from pathlib import Path
 
 import torch
 
-from headstart.paths import DATA_DIR, use_checkout
-
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-from data_builders.answer_cache import AnswerCache  # noqa: E402
-from data_builders.config import GenerationConfig  # noqa: E402
-from data_builders.generation import GenerationSettings, greedy_answers_finished  # noqa: E402
-from eval.benchmarks import get_benchmark  # noqa: E402
-from eval.config import EvalConfig  # noqa: E402
-from eval.engines.decode import DecodeSpec  # noqa: E402
-from eval.evaluator import StreamingEvaluator  # noqa: E402
-from headstart.models import load_model  # noqa: E402
-from headstart.vllm_client import vllm_unavailable  # noqa: E402
-from headstart.vllm_settings import VLLMSettings  # noqa: E402
+from data_builders.answer_cache import AnswerCache
+from data_builders.config import GenerationConfig
+from data_builders.generation import GenerationSettings, greedy_answers_finished
+from eval.benchmarks import get_benchmark
+from eval.config import EvalConfig
+from eval.engines.decode import DecodeSpec
+from eval.evaluator import StreamingEvaluator
+from headstart.models import load_model
+from headstart.paths import DATA_DIR
+from headstart.vllm_client import vllm_unavailable
+from headstart.vllm_settings import VLLMSettings
 
 MAGICODER = DATA_DIR / "code_sft" / "magicoder_oss_instruct_75k_sample500.jsonl"
 

@@ -25,26 +25,20 @@ from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
-from headstart.paths import use_checkout
+from accelerate import PartialState
+from accelerate.utils import DistributedType
+from packaging.version import Version
+from transformers import AutoModelForCausalLM
+from trl import SFTTrainer
 
-# `accelerate launch train/sft.py` puts train/ first on sys.path; the checkout's root
-# goes there instead, so `train.config` is unambiguous (train is not installed).
-use_checkout()
-
-from accelerate import PartialState  # noqa: E402
-from accelerate.utils import DistributedType  # noqa: E402
-from packaging.version import Version  # noqa: E402
-from transformers import AutoModelForCausalLM  # noqa: E402
-from trl import SFTTrainer  # noqa: E402
-
-from headstart.config import cli_main, config_to_dict, dump_config, load_config  # noqa: E402
-from headstart.devices import gpu_requests, idle_cores_note, require_cuda  # noqa: E402
-from headstart.model_files import check_local_source  # noqa: E402
-from headstart.models import download_model, load_tokenizer, resolve_model_dir, weights_fingerprint  # noqa: E402
-from headstart.paths import outputs_dir  # noqa: E402
-from headstart.prompts import Family, detect_family, write_training_record  # noqa: E402
-from headstart.run_dir import check_writable  # noqa: E402
-from train.arguments import (  # noqa: E402
+from headstart.config import cli_main, config_to_dict, dump_config, load_config
+from headstart.devices import gpu_requests, idle_cores_note, require_cuda
+from headstart.model_files import check_local_source
+from headstart.models import download_model, load_tokenizer, resolve_model_dir, weights_fingerprint
+from headstart.paths import outputs_dir
+from headstart.prompts import Family, detect_family, write_training_record
+from headstart.run_dir import check_writable
+from train.arguments import (
     group_timeout,
     keep_one_gpu,
     lora_config,
@@ -54,19 +48,19 @@ from train.arguments import (  # noqa: E402
     refusion_collator,
     sft_config,
 )
-from train.batch import BatchPlan, batch_plan  # noqa: E402
-from train.checkpoints import CompletenessMarker, StopOnRequest, last_complete_checkpoint, stop_on_request  # noqa: E402
-from train.config import TrainRecipe  # noqa: E402
-from train.data import data_fingerprint, load_split  # noqa: E402
-from train.distill import DistillCollator, DistillTrainer  # noqa: E402
-from train.provenance import answer_models, check_answer_models  # noqa: E402
-from train.refusion import RefusionTrainer, add_trainable_tokens  # noqa: E402
-from train.relaunch import check_inputs, check_run_dir, mark_run  # noqa: E402
-from train.sdft import sdft_config, sdft_rows, sdft_trainer  # noqa: E402
-from train.tokenization import check_fits, resolve_training_system, tokenize_dataset, trained_system_record  # noqa: E402
-from train.topology import Topology, check_resume, launch_topology  # noqa: E402
-from train.tracking import ResolvedConfigToWandb, configure_trackers, finish_trackers  # noqa: E402
-from train.validation import validate  # noqa: E402
+from train.batch import BatchPlan, batch_plan
+from train.checkpoints import CompletenessMarker, StopOnRequest, last_complete_checkpoint, stop_on_request
+from train.config import TrainRecipe
+from train.data import data_fingerprint, load_split
+from train.distill import DistillCollator, DistillTrainer
+from train.provenance import answer_models, check_answer_models
+from train.refusion import RefusionTrainer, add_trainable_tokens
+from train.relaunch import check_inputs, check_run_dir, mark_run
+from train.sdft import sdft_config, sdft_rows, sdft_trainer
+from train.tokenization import check_fits, resolve_training_system, tokenize_dataset, trained_system_record
+from train.topology import Topology, check_resume, launch_topology
+from train.tracking import ResolvedConfigToWandb, configure_trackers, finish_trackers
+from train.validation import validate
 
 DEFAULT_RECIPE = "smollm2_prefix"
 # TrainingArguments.activation_checkpointing (sft_config) and Trainer.loss_is_scaled_for_ga
