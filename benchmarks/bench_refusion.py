@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]  # the checkout this benchmark runs f
 
 TRAIN_RECIPE = "smollm2_refusion"
 EVAL_RECIPE = "humaneval_smollm2_refusion"
-# The data build of the training recipe (its header), from the samples vendored in data/, offline.
+# The data build of the training recipe (its header), from the samples vendored in headstart/data/, offline.
 DATA_COMMAND = [
     sys.executable, "-m", "data_builders", "recipe=code_prefix_to_answer", "sources=[mbpp,magicoder]",
     "mbpp.path=data/mbpp/mbpp.jsonl",

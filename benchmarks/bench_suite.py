@@ -5,8 +5,8 @@
     python benchmarks/bench_suite.py --limit 3 --max-new-tokens 32   # a reduced run
     python benchmarks/bench_suite.py --report-only           # the tables from what has finished so far
 
-Data: the real data vendored in data/, and the schema fixtures for CoEdIT
-and UltraChat (recipes/eval/suite_smollm2.yaml). Results are resumable: rerun
+Data: the real data vendored in headstart/data/, and the schema fixtures for CoEdIT
+and UltraChat (headstart/recipes/eval/suite_smollm2.yaml). Results are resumable: rerun
 the same command after an interruption; each benchmark and rule keeps its own
 results.jsonl under --output-dir (a different --max-new-tokens needs another dir).
 """

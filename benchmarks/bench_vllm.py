@@ -9,7 +9,7 @@ Needs the vLLM environment (bash scripts/setup_vllm.sh). Both backends get the s
 ids; the table gives generated tokens, wall clock, tokens/s and how many answers (drafts)
 agree token for token. The vLLM wall clock of each task includes its engine start, shown
 on its own row too. The self-distilled requests are the Magicoder rows vendored in
-data/code_sft (LMSYS-Chat-1M is gated and not vendored). On a GPU machine run the same
+headstart/data/code_sft (LMSYS-Chat-1M is gated and not vendored). On a GPU machine run the same
 command (scripts/setup_vllm.sh with HEADSTART_VLLM_PACKAGE=vllm==<version>); add
 --device cuda for the transformers side.
 

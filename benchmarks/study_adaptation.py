@@ -5,7 +5,7 @@
 One command, resumable after a kill at any point (every stage keeps its files and
 skips or resumes what is done), hours on two cores:
 
-1. data: self-distilled prefix-to-answer rows (`recipes/data/smollm2_code_self.yaml`);
+1. data: self-distilled prefix-to-answer rows (`headstart/recipes/data/smollm2_code_self.yaml`);
 2. learning-rate sweep: a short run per objective and rate, scored by the objective's
    own loss on the validation split (sft: cross-entropy; distill: KL to the teacher);
 3. training: each objective at its best rate, equal compute (same steps, batch,

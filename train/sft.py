@@ -1,7 +1,7 @@
 """Fine-tuning of a LoRA adapter on prefix-to-answer dialogues: `objective: sft`, `refusion`, `distill` or `sdft`.
 
     accelerate launch train/sft.py recipe=qwen3_prefix [training.learning_rate=1e-4 ...]
-    accelerate launch --config_file recipes/accelerate/zero3.yaml train/sft.py recipe=qwen3_prefix
+    accelerate launch --config_file headstart/recipes/accelerate/zero3.yaml train/sft.py recipe=qwen3_prefix
     accelerate launch train/sft.py recipe=refusion_prefix_to_answer
     accelerate launch train/sft.py recipe=qwen3_distill
 
