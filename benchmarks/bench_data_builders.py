@@ -24,11 +24,10 @@ import threading
 import time
 from pathlib import Path
 
-from headstart.paths import CHECKOUT, DATA_DIR, use_checkout
+from headstart.paths import DATA_DIR
 
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-SYNTHETIC_CORPUS = Path(__file__).resolve().parents[1] / "tests" / "support"  # the tests' LMSYS rows
+REPO = Path(__file__).resolve().parents[1]  # the checkout this benchmark runs from (benchmarks are not installed)
+SYNTHETIC_CORPUS = REPO / "tests" / "support"  # the synthetic LMSYS rows are the tests' own
 
 
 def process_tree(pid: int) -> list[int]:
@@ -67,9 +66,9 @@ def run_build(input_path: Path, output: Path, num_proc: int, data_dir: str) -> d
         f"num_proc={num_proc}", f"output_dir={output}", f"decontamination.data_dir={data_dir}",
         "decontamination.on_missing=skip", "keep_work_dir=false",
     ]
-    env = {**os.environ, "PYTHONPATH": str(CHECKOUT), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     started = time.perf_counter()
-    process = subprocess.Popen(argv, cwd=CHECKOUT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     peak = [0, 0]
 
     def sample() -> None:

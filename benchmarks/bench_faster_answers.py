@@ -24,19 +24,15 @@ import time
 from pathlib import Path
 
 import torch
+from legacy_format import legacy_humaneval_requests, legacy_mbpp_requests  # beside this script
 
-from headstart.paths import outputs_dir, use_checkout
-
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-from legacy_format import legacy_humaneval_requests, legacy_mbpp_requests  # noqa: E402 (beside this script)
-
-from eval.config import EvalConfig  # noqa: E402
-from eval.engines.decode import DecodeSpec  # noqa: E402
-from eval.reporting.tables import markdown_rows  # noqa: E402
-from eval.runner import run_evaluation  # noqa: E402
-from headstart.config import load_config  # noqa: E402
-from headstart.models import load_model  # noqa: E402
+from eval.config import EvalConfig
+from eval.engines.decode import DecodeSpec
+from eval.reporting.tables import markdown_rows
+from eval.runner import run_evaluation
+from headstart.config import load_config
+from headstart.models import load_model
+from headstart.paths import outputs_dir
 
 CONFIGURATIONS = (("old format, plain", "legacy", "plain"), ("new format, plain", "new", "plain"),
                   ("new format, lookup", "new", "lookup"))

@@ -32,20 +32,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from headstart.paths import outputs_dir, use_checkout
-
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-from eval.benchmarks import get_benchmark  # noqa: E402
-from eval.config import EvalConfig, decode_with  # noqa: E402
-from eval.engines.decode import DecodeSpec  # noqa: E402
-from eval.engines.fast_path import Drafting, batched_greedy, final_update  # noqa: E402
-from eval.engines.width_cost import AUTO  # noqa: E402
-from eval.engines.width_cost import resolve as resolve_width_cost  # noqa: E402
-from eval.evaluator import StreamingEvaluator  # noqa: E402
-from eval.reporting.tables import markdown_rows  # noqa: E402
-from headstart.files import read_jsonl  # noqa: E402
-from headstart.models import load_model  # noqa: E402
+from eval.benchmarks import get_benchmark
+from eval.config import EvalConfig, decode_with
+from eval.engines.decode import DecodeSpec
+from eval.engines.fast_path import Drafting, batched_greedy, final_update
+from eval.engines.width_cost import AUTO
+from eval.engines.width_cost import resolve as resolve_width_cost
+from eval.evaluator import StreamingEvaluator
+from eval.reporting.tables import markdown_rows
+from headstart.files import read_jsonl
+from headstart.models import load_model
+from headstart.paths import outputs_dir
 
 BLOCKS = (2, 4, 6, 8, 10, 16, 24, 32)
 # (longest n-gram, shortest n-gram, occurrence) at --variant-block; blocks are swept at (3, 1, first).

@@ -24,17 +24,16 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from headstart.paths import CHECKOUT, outputs_dir, use_checkout
+from eval.config import EvalConfig
+from eval.runner import run_evaluation
+from headstart.config import find_recipe, load_config
+from headstart.paths import outputs_dir
 
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-from eval.config import EvalConfig  # noqa: E402
-from eval.runner import run_evaluation  # noqa: E402
-from headstart.config import find_recipe, load_config  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]  # the checkout this benchmark runs from (benchmarks are not installed)
 
 TRAIN_RECIPE = "smollm2_refusion"
 EVAL_RECIPE = "humaneval_smollm2_refusion"
-# The data build of the training recipe (its header), from the samples vendored in data/, offline.
+# The data build of the training recipe (its header), from the samples vendored in headstart/data/, offline.
 DATA_COMMAND = [
     sys.executable, "-m", "data_builders", "recipe=code_prefix_to_answer", "sources=[mbpp,magicoder]",
     "mbpp.path=data/mbpp/mbpp.jsonl",
@@ -47,7 +46,7 @@ TRAIN_COMMAND = ["accelerate", "launch", "train/sft.py", f"recipe={TRAIN_RECIPE}
 
 def run(command: list[str]) -> None:
     print("$ " + shlex.join(command), flush=True)
-    subprocess.run(command, cwd=CHECKOUT, check=True)
+    subprocess.run(command, cwd=REPO, check=True)
 
 
 def ensure_trained_model(model_dir: Path) -> None:
@@ -55,7 +54,7 @@ def ensure_trained_model(model_dir: Path) -> None:
     if (model_dir / "config.json").is_file():
         return
     data_path = Path(OmegaConf.load(find_recipe(TRAIN_RECIPE)).data.path)
-    if not (CHECKOUT / data_path).exists():
+    if not (REPO / data_path).exists():
         run(DATA_COMMAND + [f"output_dir={data_path}"])
     run(TRAIN_COMMAND)
     if not (model_dir / "config.json").is_file():
@@ -76,7 +75,7 @@ def main() -> None:
     overrides += [f"decode.max_new_tokens={args.max_new_tokens}"] if args.max_new_tokens else []
     config = load_config(EvalConfig, [f"recipe={EVAL_RECIPE}", *overrides])
     if not args.model:
-        ensure_trained_model(CHECKOUT / config.model)
+        ensure_trained_model(REPO / config.model)
     start = time.perf_counter()
     summary = run_evaluation(config)
     decode = config.decode

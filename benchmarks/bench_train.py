@@ -24,9 +24,11 @@ import time
 from pathlib import Path
 
 from headstart.models import resolve_model_dir
-from headstart.paths import CHECKOUT, DATA_DIR
+from headstart.paths import DATA_DIR
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
 from headstart.segment import segment_request
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout this benchmark runs from (benchmarks are not installed)
 
 MAGICODER = DATA_DIR / "code_sft" / "magicoder_oss_instruct_75k_sample500.jsonl"
 
@@ -120,7 +122,7 @@ def figures(out: Path, wall: float) -> dict[str, float]:
 
 def run(name: str, command: list[str], out: Path, env: dict[str, str]) -> dict[str, float]:
     start = time.perf_counter()
-    result = subprocess.run(command, cwd=CHECKOUT, env=env, capture_output=True, text=True)
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if result.returncode != 0:
         raise SystemExit(f"{name} failed:\n{' '.join(command)}\n{result.stderr[-4000:]}")

@@ -22,11 +22,7 @@ import time
 import torch
 from transformers import Gemma3TextConfig, LlamaConfig
 
-from headstart.paths import use_checkout
-
-use_checkout()  # the checkout's eval: not installed (headstart.paths)
-
-from eval.engines.token_tree import TokenTree  # noqa: E402
+from eval.engines.token_tree import TokenTree
 
 SHAPES = ((8, 8), (64, 8), (64, 32))  # (branches, tokens a branch)
 WINDOW = 512

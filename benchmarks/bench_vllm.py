@@ -9,7 +9,7 @@ Needs the vLLM environment (bash scripts/setup_vllm.sh). Both backends get the s
 ids; the table gives generated tokens, wall clock, tokens/s and how many answers (drafts)
 agree token for token. The vLLM wall clock of each task includes its engine start, shown
 on its own row too. The self-distilled requests are the Magicoder rows vendored in
-data/code_sft (LMSYS-Chat-1M is gated and not vendored). On a GPU machine run the same
+headstart/data/code_sft (LMSYS-Chat-1M is gated and not vendored). On a GPU machine run the same
 command (scripts/setup_vllm.sh with HEADSTART_VLLM_PACKAGE=vllm==<version>); add
 --device cuda for the transformers side.
 
@@ -30,20 +30,17 @@ from pathlib import Path
 
 import torch
 
-from headstart.paths import DATA_DIR, use_checkout
-
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-from data_builders.answer_cache import AnswerCache  # noqa: E402
-from data_builders.config import GenerationConfig  # noqa: E402
-from data_builders.generation import GenerationSettings, greedy_answers_finished  # noqa: E402
-from eval.benchmarks import get_benchmark  # noqa: E402
-from eval.config import EvalConfig  # noqa: E402
-from eval.engines.decode import DecodeSpec  # noqa: E402
-from eval.evaluator import StreamingEvaluator  # noqa: E402
-from headstart.models import load_model  # noqa: E402
-from headstart.vllm_client import vllm_unavailable  # noqa: E402
-from headstart.vllm_settings import VLLMSettings  # noqa: E402
+from data_builders.answer_cache import AnswerCache
+from data_builders.config import GenerationConfig
+from data_builders.generation import GenerationSettings, greedy_answers_finished
+from eval.benchmarks import get_benchmark
+from eval.config import EvalConfig
+from eval.engines.decode import DecodeSpec
+from eval.evaluator import StreamingEvaluator
+from headstart.models import load_model
+from headstart.paths import DATA_DIR
+from headstart.vllm_client import vllm_unavailable
+from headstart.vllm_settings import VLLMSettings
 
 MAGICODER = DATA_DIR / "code_sft" / "magicoder_oss_instruct_75k_sample500.jsonl"
 

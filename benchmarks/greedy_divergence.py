@@ -21,16 +21,12 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from headstart.paths import use_checkout
-
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-from eval.benchmarks import Request, get_benchmark  # noqa: E402
-from eval.engines.tokens import common_prefix_length  # noqa: E402
-from eval.evaluator import StreamingEvaluator  # noqa: E402
-from eval.results_dir import saved_config  # noqa: E402
-from headstart.files import read_jsonl  # noqa: E402
-from headstart.models import load_model  # noqa: E402
+from eval.benchmarks import Request, get_benchmark
+from eval.engines.tokens import common_prefix_length
+from eval.evaluator import StreamingEvaluator
+from eval.results_dir import saved_config
+from headstart.files import read_jsonl
+from headstart.models import load_model
 
 
 @dataclass

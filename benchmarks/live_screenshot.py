@@ -20,15 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from headstart.paths import use_checkout
-
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-from eval.benchmarks import get_benchmark  # noqa: E402
-from eval.engines.decode import DecodeSpec  # noqa: E402
-from eval.live import LiveConfig  # noqa: E402
-from eval.serve import start_server  # noqa: E402
-from headstart.config import run_cli  # noqa: E402
+from eval.benchmarks import get_benchmark
+from eval.engines.decode import DecodeSpec
+from eval.live import LiveConfig
+from eval.serve import start_server
+from headstart.config import run_cli
 
 
 @dataclass

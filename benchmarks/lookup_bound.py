@@ -25,22 +25,18 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from headstart.paths import use_checkout
-
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-from eval.benchmarks import get_benchmark  # noqa: E402
-from eval.config import decode_with  # noqa: E402
-from eval.engines.decode import DecodeSpec  # noqa: E402
-from eval.engines.lookup import update_widths  # noqa: E402
-from eval.engines.tokens import common_prefix_length  # noqa: E402
-from eval.engines.width_cost import WidthCost, use_auto_table  # noqa: E402
-from eval.evaluator import StreamingEvaluator  # noqa: E402
-from eval.reporting.tables import markdown_rows  # noqa: E402
-from eval.results_dir import saved_config  # noqa: E402
-from eval.typing_sim import verify_width  # noqa: E402
-from headstart.files import read_jsonl  # noqa: E402
-from headstart.models import load_model  # noqa: E402
+from eval.benchmarks import get_benchmark
+from eval.config import decode_with
+from eval.engines.decode import DecodeSpec
+from eval.engines.lookup import update_widths
+from eval.engines.tokens import common_prefix_length
+from eval.engines.width_cost import WidthCost, use_auto_table
+from eval.evaluator import StreamingEvaluator
+from eval.reporting.tables import markdown_rows
+from eval.results_dir import saved_config
+from eval.typing_sim import verify_width
+from headstart.files import read_jsonl
+from headstart.models import load_model
 
 
 def oracle_forwards(answer: list[int], start: int, sources: list[list[int]], block: int) -> int:

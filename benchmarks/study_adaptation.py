@@ -5,7 +5,7 @@
 One command, resumable after a kill at any point (every stage keeps its files and
 skips or resumes what is done), hours on two cores:
 
-1. data: self-distilled prefix-to-answer rows (`recipes/data/smollm2_code_self.yaml`);
+1. data: self-distilled prefix-to-answer rows (`headstart/recipes/data/smollm2_code_self.yaml`);
 2. learning-rate sweep: a short run per objective and rate, scored by the objective's
    own loss on the validation split (sft: cross-entropy; distill: KL to the teacher);
 3. training: each objective at its best rate, equal compute (same steps, batch,
@@ -30,22 +30,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from omegaconf import OmegaConf
+from study_report import CURVE_KEYS, write_study_report  # beside this script
 
-from headstart.paths import CHECKOUT, outputs_dir, use_checkout
+from eval.before_after import BeforeAfterConfig, run_before_after, side_config
+from eval.benchmarks import BENCHMARKS, get_benchmark
+from eval.config import EvalConfig, check_limit
+from eval.engines.decode import DecodeSpec
+from eval.reporting.metrics import summarize
+from eval.reporting.wandb_report import wandb_mode
+from headstart.config import dump_config, run_cli
+from headstart.files import read_jsonl
+from headstart.paths import outputs_dir
+from headstart.run_dir import check_output_dir, write_mark
 
-use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
-
-from study_report import CURVE_KEYS, write_study_report  # noqa: E402  (beside this script)
-
-from eval.before_after import BeforeAfterConfig, run_before_after, side_config  # noqa: E402
-from eval.benchmarks import BENCHMARKS, get_benchmark  # noqa: E402
-from eval.config import EvalConfig, check_limit  # noqa: E402
-from eval.engines.decode import DecodeSpec  # noqa: E402
-from eval.reporting.metrics import summarize  # noqa: E402
-from eval.reporting.wandb_report import wandb_mode  # noqa: E402
-from headstart.config import dump_config, run_cli  # noqa: E402
-from headstart.files import read_jsonl  # noqa: E402
-from headstart.run_dir import check_output_dir, write_mark  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]  # the checkout this benchmark runs from (benchmarks are not installed)
 
 STUDY_KIND = "study"
 MERGED_FROM = ".merged-from"  # in an adapter's merge: the adapter's weights fingerprint
@@ -174,7 +172,7 @@ def stage_env(config: StudyConfig) -> dict[str, str]:
 
 def run_stage(config: StudyConfig, argv: list[str]) -> None:
     print(f"\n$ {' '.join(argv)}", flush=True)
-    subprocess.run([sys.executable, *argv], cwd=CHECKOUT, env=stage_env(config), check=True)
+    subprocess.run([sys.executable, *argv], cwd=REPO, env=stage_env(config), check=True)
 
 
 def build_data(config: StudyConfig, data_dir: Path) -> None:

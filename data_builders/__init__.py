@@ -1,6 +1,6 @@
 """Build prefix-to-answer and draft-refinement datasets from source corpora.
 
-`python -m data_builders recipe=NAME key=value ...`; see `recipes/data/`.
+`python -m data_builders recipe=NAME key=value ...`; see `headstart/recipes/data/`.
 """
 
 from data_builders.config import BuildConfig

@@ -208,7 +208,7 @@ def _load_tokenizer(name: str | None) -> Any | None:
 
 def _index(config: BuildConfig, report: Report) -> DecontaminationIndex:
     settings = config.decontamination
-    data_dir = resolve_path(settings.data_dir) if settings.data_dir else None  # None: the repository's data/
+    data_dir = resolve_path(settings.data_dir) if settings.data_dir else None  # None: headstart/data/
     index, skipped = build_index(
         settings.benchmarks, data_dir, settings.extra_files, settings.ngram, settings.on_missing, settings.hub
     )

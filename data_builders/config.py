@@ -1,4 +1,4 @@
-"""The schema of a data-builder recipe (`recipes/data/*.yaml`), in TRL's help-per-field style."""
+"""The schema of a data-builder recipe (`headstart/recipes/data/*.yaml`), in TRL's help-per-field style."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class DecontaminationConfig:
     )
     data_dir: str | None = field(
         default=None,
-        metadata={"help": "Folder holding the benchmark files (mbpp/, canitedit/, ...); null: the repository's data/."},
+        metadata={"help": "Folder holding the benchmark files (mbpp/, canitedit/, ...); null: the vendored headstart/data/."},
     )
     hub: bool = field(
         default=True,

@@ -3,7 +3,7 @@
 A request is contaminated when its normalised text equals a benchmark text
 (exact) or when it shares any word 13-gram with one (n-gram). Benchmarks are
 the evaluation sets of `headstart.benchmark_registry` (the entries the evaluation
-loaders read), each from its vendored file under `data/` or else its hub split;
+loaders read), each from its vendored file under `headstart/data/` or else its hub split;
 more can be added by file from the config (`decontamination.extra_files`).
 """
 
@@ -177,12 +177,12 @@ def _humaneval() -> Iterator[dict]:
 
 def benchmark_texts(name: str, data_dir: Path | None = None, hub: bool = True) -> Iterator[str]:
     """Requests and reference solutions of a benchmark: from its file under `data_dir` (default:
-    the repository's data/), else (with `hub`) from its hub split; FileNotFoundError when
+    headstart/data/), else (with `hub`) from its hub split; FileNotFoundError when
     neither copy is reachable. A file that is there is never looked up on the hub.
 
     Args:
         name (str): the benchmark's name.
-        data_dir (Path | None): the data folder; None: the repository's data/.
+        data_dir (Path | None): the data folder; None: headstart's vendored data/.
         hub (bool): read the hub split when the file is not there.
     """
     source = DATA[name]

@@ -1,4 +1,4 @@
-"""The evaluator's settings: one recipe under recipes/eval/, overridable per key."""
+"""The evaluator's settings: one recipe under headstart/recipes/eval/, overridable per key."""
 
 from __future__ import annotations
 

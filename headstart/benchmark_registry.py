@@ -5,8 +5,8 @@ The evaluation loaders (`eval/benchmarks/`) and the decontamination filter
 config and split a benchmark is evaluated on, the ids that make up that split,
 and the text fields training data is checked against are written once, here.
 
-Files named in `local` are vendored in the repository's `data/` folder
-(sources, licenses and SHA-256 in `data/README.md`). A loader given a local
+Files named in `local` are vendored in this package's `data/` folder
+(sources, licenses and SHA-256 in `data/README.md` there). A loader given a local
 file reads only that file; the hub is used only when no file is given.
 """
 
@@ -30,7 +30,7 @@ class DataSource:
     hub_id: str  # a hub dataset id, or the URL of a JSON-lines file
     split: str
     hub_config: str | None = None
-    local: str | None = None  # the vendored copy, relative to data/ (None: not vendored)
+    local: str | None = None  # the vendored copy, relative to headstart/data/ (None: not vendored)
     schema: tuple[str, ...] = ()  # fields a loader needs in every row
     fields: tuple[str, ...] = ()  # text fields (requests, references): what decontamination indexes
     id_field: str | None = None
@@ -38,10 +38,10 @@ class DataSource:
     evaluation: bool = True  # an evaluation set: training data is decontaminated against it
 
     def local_path(self, data_dir: Path | None = None) -> Path | None:
-        """Where the vendored copy lives under `data_dir` (default: the repository's data/).
+        """Where the vendored copy lives under `data_dir` (default: headstart's vendored data/).
 
         Args:
-            data_dir (Path | None): the data folder; None: the repository's data/.
+            data_dir (Path | None): the data folder; None: headstart's vendored data/.
         """
         return None if self.local is None else Path(data_dir or DATA_DIR) / self.local
 

@@ -1,7 +1,7 @@
-"""Recipes: YAML files in `recipes/` validated against a config dataclass.
+"""Recipes: YAML files in `headstart/recipes/` validated against a config dataclass.
 
 Every entry point takes `recipe=NAME key=value nested.key=value ...`. The recipe
-is found by name anywhere under `recipes/` (or given as a path), merged onto the
+is found by name anywhere under `headstart/recipes/` (or given as a path), merged onto the
 dataclass's defaults, then the command-line overrides are merged on top. Keys the
 dataclass does not declare are errors that list the valid keys, so a typo never
 silently falls back to a default. `--help` (or `-h`) anywhere prints the schema's sections
@@ -32,7 +32,7 @@ class RecipeError(ValueError):
 
 
 def find_recipe(name: str, recipes_dir: Path = RECIPES_DIR) -> Path:
-    """`recipes/**/NAME.yaml`, or NAME itself when it is a YAML path."""
+    """`headstart/recipes/**/NAME.yaml`, or NAME itself when it is a YAML path."""
     path = Path(name).expanduser()
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():

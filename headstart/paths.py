@@ -1,10 +1,9 @@
-"""Where things are: the checkout, its recipes and vendored data, and the default outputs.
+"""Where things are: the recipes and vendored data shipped with headstart, and the default outputs.
 
-headstart is installed editable (`pip install -e .`) from a checkout; only the
-`headstart` library is installed. The applications beside it (eval/, train/,
-data_builders/, benchmarks/, scripts/, slurm/) run from that checkout: `python -m
-eval ...` from its root, or a script as a file (`accelerate launch train/sft.py`),
-which calls `use_checkout()` before importing them.
+headstart, eval, train and data_builders are installed packages (editable from a checkout,
+or from a wheel). The recipes (`recipes/`) and the vendored data sets (`data/`) are package
+data of headstart: they sit next to this module, wherever it is installed, so one rule
+finds them from a checkout, an editable install and a wheel alike.
 
 Default outputs go under `outputs/` in the working directory (the checkout root,
 where the documented commands run); `outputs_dir` spells each default.
@@ -13,12 +12,14 @@ where the documented commands run); `outputs_dir` spells each default.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parent.parent  # the repository root
-RECIPES_DIR = CHECKOUT / "recipes"
-DATA_DIR = CHECKOUT / "data"  # vendored data sets (sources and licenses in data/README.md)
+PACKAGE_DIR = Path(__file__).resolve().parent  # the headstart package's own folder
+RECIPES_DIR = PACKAGE_DIR / "recipes"
+DATA_DIR = PACKAGE_DIR / "data"  # vendored data sets (sources and licenses in its README.md)
+# The folder holding the installed packages: a checkout's root (editable install) or site-packages
+# (wheel). The applications' own files (data_builders/embedded/) are found from here.
+INSTALL_ROOT = PACKAGE_DIR.parent
 OUTPUTS = Path("outputs")  # relative: under the working directory
 
 
@@ -39,22 +40,17 @@ def is_default_output(path: str) -> bool:
 
 
 def resolve_path(path: str | Path) -> Path:
-    """A relative path as given when it exists from the working directory, else from the
-    checkout: `data/mbpp/mbpp.jsonl` works from any directory."""
+    """A relative path as given when it exists from the working directory, else from the headstart
+    package (its `recipes/` and `data/`), else from the folder holding the packages.
+
+    Args:
+        path: a file or folder; `data/mbpp/mbpp.jsonl` and `data_builders/embedded/requests.jsonl`
+            work from any directory. Absolute paths, and paths found nowhere, come back as given.
+    """
     candidate = Path(path).expanduser()
     if candidate.exists() or candidate.is_absolute():
         return candidate
-    in_checkout = CHECKOUT / candidate
-    return in_checkout if in_checkout.exists() else candidate
-
-
-def use_checkout() -> None:
-    """Make the checkout's applications (eval, train, data_builders) importable from a script
-    run as a file: its own folder is sys.path[0], not the root. The root goes first; a script
-    folder that is itself a package (train/) is dropped, so `train/data.py` is only `train.data`."""
-    if sys.path and sys.argv and sys.argv[0]:
-        first, script = Path(sys.path[0] or ".").resolve(), Path(sys.argv[0]).resolve()
-        if script.parent == first and first.parent == CHECKOUT and (first / "__init__.py").is_file():
-            sys.path.pop(0)
-    if str(CHECKOUT) not in sys.path:
-        sys.path.insert(0, str(CHECKOUT))
+    for root in (PACKAGE_DIR, INSTALL_ROOT):
+        if (root / candidate).exists():
+            return root / candidate
+    return candidate

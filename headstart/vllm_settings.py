@@ -7,9 +7,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from headstart.paths import CHECKOUT
+from headstart.paths import INSTALL_ROOT
 
-DEFAULT_VENV = CHECKOUT / ".venv-vllm"
+# Where scripts/setup_vllm.sh makes it: the root of the checkout headstart is installed from.
+DEFAULT_VENV = INSTALL_ROOT / ".venv-vllm"
 
 
 @dataclass

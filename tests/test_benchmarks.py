@@ -1,4 +1,4 @@
-"""Loaders on the real data vendored in data/ and the schema fixtures:
+"""Loaders on the real data vendored in headstart/data/ and the schema fixtures:
 counts, lossless segmentation, the PROTOCOL order, and scoring of known answers."""
 
 from __future__ import annotations

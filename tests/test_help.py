@@ -75,7 +75,7 @@ def fields_without_help(config: type, prefix: str = "") -> list[str]:
 def answer(command: list[str], flag: str = "--help") -> subprocess.CompletedProcess:
     """The entry point run with a recipe that does not exist and `flag`: the help wins, so nothing
     of the recipe (or a model, or data) was read. `-X importtime` lists what it imported."""
-    # the checkout's applications are not installed: the root on PYTHONPATH, as pytest's `pythonpath`
+    # the checkout under test first on PYTHONPATH, whichever copy of the packages is installed
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=path)
     return subprocess.run([sys.executable, "-X", "importtime", *command, "recipe=no_such_recipe", flag],

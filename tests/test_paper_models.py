@@ -1,7 +1,7 @@
 """The paper's models, checked without their weights.
 
 Qwen3-8B, Llama-3.1-8B-Instruct, Gemma-3-12B-IT and ReFusion-8B cannot be downloaded here.
-Their configs are vendored in recipes/models/ (see its README); each is built on the meta
+Their configs are vendored in headstart/recipes/models/ (see its README); each is built on the meta
 device (shapes, no memory) with the adapter exactly as train/sft.py builds it, and checked
 for what a GPU run depends on: the LoRA targets exist, only the language model of Gemma-3 is
 adapted, the trainable parameters are the hand-computed count, ReFusion's token rows train as
@@ -44,7 +44,7 @@ PAPER_MODELS = {
     "refusion_prefix_to_answer": "GSAI-ML/ReFusion",
     "refusion_draft_refinement": "GSAI-ML/ReFusion",
 }
-# Published figures (model cards, config.json; sources in recipes/models/README.md):
+# Published figures (model cards, config.json; sources in headstart/recipes/models/README.md):
 # layers, hidden, intermediate, heads, kv_heads, head_dim, vocab.
 DIMENSIONS = ("layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab")
 PUBLISHED = {

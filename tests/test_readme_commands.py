@@ -157,7 +157,7 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     # Training
     "accelerate launch train/sft.py": Checked("tests/test_train_resume.py::test_killed_run_resumes_to_the_same_adapter_and_run"),
     "accelerate launch train/sft.py recipe=qwen3_prefix training.learning_rate=1e-4": Checked(),
-    "accelerate launch --config_file recipes/accelerate/zero3.yaml train/sft.py recipe=llama31_prefix": Checked(),
+    "accelerate launch --config_file headstart/recipes/accelerate/zero3.yaml train/sft.py recipe=llama31_prefix": Checked(),
     "python -m train.merge adapter=outputs/train/qwen3_prefix/adapter output=/tmp/merged": Checked(),
     "python -m train.download recipe=llama31_prefix": Checked(),
     "accelerate launch train/sft.py recipe=smollm2_distill": Checked(),
@@ -165,7 +165,7 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "accelerate launch train/sft.py recipe=smollm2_sdft": Checked(
         "tests/test_train_sdft.py::test_objective_sdft_through_sft_trains_saves_and_resumes"),
     "accelerate launch --multi_gpu --num_processes 2 train/sft.py recipe=smollm2_prefix": Checked(),
-    "accelerate launch --config_file recipes/accelerate/zero3.yaml --num_processes 2 train/sft.py "
+    "accelerate launch --config_file headstart/recipes/accelerate/zero3.yaml --num_processes 2 train/sft.py "
     "recipe=smollm2_prefix": Checked(),
     "HF_HUB_OFFLINE=1 python -m train.download recipe=llama31_prefix": Checked(),
     "HF_HUB_OFFLINE=1 accelerate launch train/sft.py recipe=llama31_prefix": Checked(),
@@ -218,7 +218,7 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
         "tests/test_slurm.py::test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapter"),
     "sbatch --nodes 4 slurm/train.sbatch recipe=qwen3_prefix run.keep_effective_batch=false": Checked(
         "tests/test_slurm.py::test_usr1_saves_a_checkpoint_requeues_and_resumes_to_the_uninterrupted_adapter"),
-    "ACCELERATE_CONFIG=recipes/accelerate/zero3.yaml sbatch slurm/train.sbatch recipe=qwen3_prefix": Checked(
+    "ACCELERATE_CONFIG=headstart/recipes/accelerate/zero3.yaml sbatch slurm/train.sbatch recipe=qwen3_prefix": Checked(
         "tests/test_slurm.py::test_pipeline_chains_data_train_and_before_after_eval"),
     # Memory per GPU of the paper recipes (meta-device builds of the vendored configs)
     "python -m train.memory": RunCheap(),

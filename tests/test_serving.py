@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from eval.benchmarks import get_benchmark
 from eval.engines.decode import DecodeSpec
 from eval.serve import ServeConfig, start_server
-from headstart.paths import CHECKOUT
+from headstart.paths import RECIPES_DIR
 from headstart.vllm_client import vllm_unavailable
 from headstart.vllm_settings import VLLMSettings
 
@@ -65,7 +65,7 @@ def drafts(drafts_server):
 
 def sample_requests(count: int = 2):
     """The first requests of HumanEval, MBPP and chat (the vendored data the CPU suite reads)."""
-    paths = OmegaConf.load(CHECKOUT / "recipes" / "eval" / "suite_smollm2.yaml").data_paths
+    paths = OmegaConf.load(RECIPES_DIR / "eval" / "suite_smollm2.yaml").data_paths
     return [r for name in ("humaneval", "mbpp", "chat") for r in get_benchmark(name, paths.get(name)).load(count)]
 
 

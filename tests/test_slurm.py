@@ -69,7 +69,7 @@ def test_pipeline_chains_data_train_and_before_after_eval(tmp_path, tiny_qwen3_d
          "--train", "recipe=smollm2_prefix " + " ".join(train), "--train-sbatch", " ".join(("--nodes=2", *CPU_TRAIN)),
          "--eval", "recipe=before_after_smollm2 " + " ".join(evaluation), "--wait"],
         # The README's ZeRO-3 submission, on CPU nodes: DeepSpeed over gloo, not DDP.
-        cwd=REPO, env=slurm_env(ACCELERATE_CONFIG="recipes/accelerate/zero3.yaml"), capture_output=True, text=True,
+        cwd=REPO, env=slurm_env(ACCELERATE_CONFIG="headstart/recipes/accelerate/zero3.yaml"), capture_output=True, text=True,
         timeout=1500,
     )
     assert result.returncode == 0, result.stdout + result.stderr

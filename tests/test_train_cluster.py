@@ -114,9 +114,9 @@ def test_the_launch_topology_comes_from_accelerates_environment(monkeypatch):
     monkeypatch.delenv("ACCELERATE_USE_DEEPSPEED", raising=False)
     assert launch_topology(4) == Topology(4, "torch")
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(REPO / "recipes/accelerate/ds_zero3.json"))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(REPO / "headstart/recipes/accelerate/ds_zero3.json"))
     assert launch_topology(16) == Topology(16, "deepspeed", 3)
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(REPO / "recipes/accelerate/ds_zero2.json"))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(REPO / "headstart/recipes/accelerate/ds_zero2.json"))
     assert launch_topology(16).layout == "zero1/2"
 
 
@@ -391,7 +391,7 @@ def test_two_processes_merge_past_the_timeout_record_and_resume_on_another_topol
 
     again = tiny_overrides(tiny_qwen3_dir, data, out, max_steps=4, save_steps=4, merge="false", ddp_timeout=30)
     refused = subprocess.run(
-        launch_command(["--config_file", "recipes/accelerate/zero2.yaml", "--num_processes", "1"], again), cwd=REPO,
+        launch_command(["--config_file", "headstart/recipes/accelerate/zero2.yaml", "--num_processes", "1"], again), cwd=REPO,
         env=launch_env(), capture_output=True, text=True, timeout=300,
     )
     assert refused.returncode != 0

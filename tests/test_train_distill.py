@@ -290,7 +290,7 @@ def test_objective_distill_through_sft_resumes_bit_identically_and_merges(tmp_pa
 LAUNCHERS = {
     "single": ["--num_processes", "1"],
     "ddp": ["--multi_gpu", "--num_processes", "2"],
-    "zero3": ["--config_file", "recipes/accelerate/zero3.yaml", "--num_processes", "2"],
+    "zero3": ["--config_file", "headstart/recipes/accelerate/zero3.yaml", "--num_processes", "2"],
 }
 
 

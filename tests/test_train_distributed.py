@@ -13,8 +13,8 @@ from headstart.models import load_model
 # out (it would override DeepSpeed), and train/sft.py names the gloo backend itself.
 LAUNCHERS = {
     "ddp": ["--multi_gpu", "--num_processes", "2"],
-    "zero2": ["--config_file", "recipes/accelerate/zero2.yaml", "--num_processes", "2"],
-    "zero3": ["--config_file", "recipes/accelerate/zero3.yaml", "--num_processes", "2"],
+    "zero2": ["--config_file", "headstart/recipes/accelerate/zero2.yaml", "--num_processes", "2"],
+    "zero3": ["--config_file", "headstart/recipes/accelerate/zero3.yaml", "--num_processes", "2"],
 }
 
 

@@ -1,4 +1,4 @@
-"""Every recipe under recipes/ parses and validates against its own schema."""
+"""Every recipe under headstart/recipes/ parses and validates against its own schema."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from train.config import RecipeValueError, TrainRecipe
 from train.recipe import validate
 from train.sft import parse_recipe
 
-# recipes/<folder>/ -> the schema of the entry point that reads it (module, class).
+REPO = Path(__file__).resolve().parents[1]  # accelerate reads the DeepSpeed file from the checkout's root
+
+# headstart/recipes/<folder>/ -> the schema of the entry point that reads it (module, class).
 SCHEMAS = {
     "train": ("train.config", "TrainRecipe"),
     "data": ("data_builders.config", "BuildConfig"),
@@ -57,7 +59,7 @@ def _check_accelerate_config(path: Path) -> None:
     config = load_config_from_file(str(path))  # accelerate's own schema: unknown keys raise
     ds_file = (config.deepspeed_config or {}).get("deepspeed_config_file")
     if ds_file:
-        ds = json.loads((RECIPES_DIR.parent / ds_file).read_text())
+        ds = json.loads((REPO / ds_file).read_text())
         assert ds["zero_optimization"]["stage"] in (2, 3)
         assert ds["bf16"]["enabled"] == "auto", "precision must follow the recipe (bf16 on GPU, fp32 on CPU)"
 

@@ -170,7 +170,7 @@ def test_sdft_ddp_and_zero3_give_the_same_losses(tmp_path, tiny_qwen3_dir):
     data = write_sdft_data(tmp_path / "data")
     losses = {}
     for name, launcher in (("ddp", ["--multi_gpu", "--num_processes", "2"]),
-                           ("zero3", ["--config_file", "recipes/accelerate/zero3.yaml", "--num_processes", "2"])):
+                           ("zero3", ["--config_file", "headstart/recipes/accelerate/zero3.yaml", "--num_processes", "2"])):
         out = tmp_path / name
         launch(launcher, ["recipe=smollm2_sdft", "sdft.max_completion_length=16",
                           *tiny_overrides(tiny_qwen3_dir, data, out, max_steps=2, save_steps=2, max_length=1024)],

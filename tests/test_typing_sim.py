@@ -151,8 +151,9 @@ def test_results_written_without_typing_are_refused_clearly(tiny_qwen3_dir, tmp_
 
 
 def test_before_after_report_shows_the_typing_simulation_in_markdown_html_and_wandb(tmp_path, tiny_qwen3_dir, monkeypatch):
+    from test_before_after import make_adapter
+
     from eval.before_after import BeforeAfterConfig, run_before_after
-    from tests.test_before_after import make_adapter
 
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")

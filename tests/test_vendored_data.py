@@ -1,4 +1,4 @@
-"""A checkout stands alone: the real data is vendored in data/ with its licenses and
+"""A checkout stands alone: the real data is vendored in headstart/data/ with its licenses and
 checksums, one registry says what each file is for both the evaluation loaders and the
 decontamination filter, and nothing local ever waits on the hub."""
 
@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from headstart.benchmark_registry import DATA, EVALUATION_SETS
-from headstart.paths import CHECKOUT, DATA_DIR, resolve_path
+from headstart.paths import DATA_DIR, resolve_path
+
+CHECKOUT = Path(__file__).resolve().parents[1]  # the checkout under test
 
 # Spelled in pieces so that this file does not match itself.
 OUTSIDE = re.compile("|".join([re.escape(".." + "/shared"), re.escape("shared" + "/data"),
@@ -59,7 +61,7 @@ def readme_checksums() -> dict[str, str]:
 def test_every_vendored_file_is_listed_with_its_checksum_and_license():
     sums = readme_checksums()
     locals_ = {source.local for source in DATA.values() if source.local}
-    assert locals_ <= set(sums), "a registry file is missing from data/README.md"
+    assert locals_ <= set(sums), "a registry file is missing from headstart/data/README.md"
     data_files = {str(p.relative_to(DATA_DIR)) for p in DATA_DIR.rglob("*") if p.is_file()}
     assert data_files - {"README.md"} - {f for f in data_files if f.endswith("LICENSE")} == set(sums)
     for name, digest in sums.items():

@@ -1,4 +1,4 @@
-"""The training recipe schema: what `recipes/train/*.yaml` may say.
+"""The training recipe schema: what `headstart/recipes/train/*.yaml` may say.
 
 One dataclass per headstart section, each field with a one-line help, in TRL's style;
 the loader (`headstart.config.load_config`) rejects keys they do not declare. The

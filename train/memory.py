@@ -4,8 +4,8 @@
     python -m train.memory recipe=qwen3_prefix      # one recipe
     python -m train.memory recipe=gemma3_prefix gpus=16 card_gib=141 training.max_length=4096
 
-The architecture comes from the model's `config.json` vendored in `recipes/models/<hub id>/`
-(no download; see recipes/models/README.md), the adapter and batch from the recipe, read
+The architecture comes from the model's `config.json` vendored in `headstart/recipes/models/<hub id>/`
+(no download; see headstart/recipes/models/README.md), the adapter and batch from the recipe, read
 with the training script's own loader (train/recipe.py `parse_recipe`, train/model.py `lora_config`), and the
 per-device batch from the batch plan of that many GPUs (train/batch.py `batch_plan`). Every
 figure is a worst case: every sequence of the micro-batch padded to `training.max_length`,
@@ -61,7 +61,7 @@ class Estimate:
 
 
 def vendored_config(name_or_path: str):
-    """The transformers config of a model vendored in recipes/models/<hub id>/config.json."""
+    """The transformers config of a model vendored in headstart/recipes/models/<hub id>/config.json."""
     from transformers import AutoConfig
 
     directory = MODELS_DIR / name_or_path

@@ -1,7 +1,7 @@
 """Fine-tuning of a LoRA adapter on prefix-to-answer dialogues: `objective: sft`, `refusion`, `distill` or `sdft`.
 
     accelerate launch train/sft.py recipe=qwen3_prefix [training.learning_rate=1e-4 ...]
-    accelerate launch --config_file recipes/accelerate/zero3.yaml train/sft.py recipe=qwen3_prefix
+    accelerate launch --config_file headstart/recipes/accelerate/zero3.yaml train/sft.py recipe=qwen3_prefix
     accelerate launch train/sft.py recipe=refusion_prefix_to_answer
 
 Without `recipe=` the embedded default `smollm2_prefix` runs (SmolLM2-135M on CPU). The script
@@ -18,35 +18,29 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from headstart.paths import use_checkout
+from accelerate import PartialState
+from accelerate.utils import DistributedType
 
-# `accelerate launch train/sft.py` puts train/ first on sys.path; the checkout's root
-# goes there instead, so `train.config` is unambiguous (train is not installed).
-use_checkout()
-
-from accelerate import PartialState  # noqa: E402
-from accelerate.utils import DistributedType  # noqa: E402
-
-from headstart.config import cli_main, config_to_dict, dump_config  # noqa: E402
-from headstart.devices import idle_cores_note, require_cuda  # noqa: E402
-from headstart.model_files import check_local_source  # noqa: E402
-from headstart.models import download_model, load_tokenizer, resolve_model_dir, weights_fingerprint  # noqa: E402
-from headstart.paths import outputs_dir  # noqa: E402
-from headstart.run_dir import check_writable  # noqa: E402
-from train.batch import batch_plan  # noqa: E402
-from train.checkpoints import CompletenessMarker, last_complete_checkpoint, stop_on_request  # noqa: E402
-from train.data import data_fingerprint  # noqa: E402
-from train.model import lora_config  # noqa: E402
-from train.objectives import objective_trainer, trainer_config  # noqa: E402
-from train.processes import group_timeout, keep_one_gpu, process_device, process_group_kwargs  # noqa: E402
-from train.recipe import StackVersionError as StackVersionError  # noqa: E402 (raised by check_transformers_version)
-from train.recipe import check_transformers_version, parse_recipe, training_gpu_requests  # noqa: E402
-from train.relaunch import check_inputs, check_run_dir, mark_run  # noqa: E402
-from train.saving import save_final, training_record  # noqa: E402
-from train.splits import load_data  # noqa: E402
-from train.tokenization import resolve_training_system  # noqa: E402
-from train.topology import check_resume, launch_topology  # noqa: E402
-from train.tracking import ResolvedConfigToWandb, configure_trackers, finish_trackers  # noqa: E402
+from headstart.config import cli_main, config_to_dict, dump_config
+from headstart.devices import idle_cores_note, require_cuda
+from headstart.model_files import check_local_source
+from headstart.models import download_model, load_tokenizer, resolve_model_dir, weights_fingerprint
+from headstart.paths import outputs_dir
+from headstart.run_dir import check_writable
+from train.batch import batch_plan
+from train.checkpoints import CompletenessMarker, last_complete_checkpoint, stop_on_request
+from train.data import data_fingerprint
+from train.model import lora_config
+from train.objectives import objective_trainer, trainer_config
+from train.processes import group_timeout, keep_one_gpu, process_device, process_group_kwargs
+from train.recipe import StackVersionError as StackVersionError  # raised by check_transformers_version
+from train.recipe import check_transformers_version, parse_recipe, training_gpu_requests
+from train.relaunch import check_inputs, check_run_dir, mark_run
+from train.saving import save_final, training_record
+from train.splits import load_data
+from train.tokenization import resolve_training_system
+from train.topology import check_resume, launch_topology
+from train.tracking import ResolvedConfigToWandb, configure_trackers, finish_trackers
 
 
 def say(state: PartialState, *lines: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from headstart.paths import CHECKOUT
+from headstart.paths import INSTALL_ROOT
 from train.config import TrainRecipe
 
 WANDB_ID_FILE = "wandb_run_id"  # in the run directory: a resumed or requeued run continues the same W&B run
@@ -26,7 +26,7 @@ def git_commit() -> str:
     """Short hash of the checked-out commit, `unknown` outside a git checkout."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=CHECKOUT, capture_output=True, text=True, timeout=10
+            ["git", "rev-parse", "--short", "HEAD"], cwd=INSTALL_ROOT, capture_output=True, text=True, timeout=10
         )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"

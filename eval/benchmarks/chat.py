@@ -17,7 +17,7 @@ from headstart.paths import resolve_path
 from headstart.segment import segment_request
 
 ULTRACHAT, MT_BENCH, MT_BENCH_REFERENCE = DATA["ultrachat"], DATA["mt_bench"], DATA["mt_bench_reference"]
-# An MT-Bench directory holds the questions and, below it, the reference answers (as in data/mt_bench).
+# An MT-Bench directory holds the questions and, below it, the reference answers (as in headstart/data/mt_bench).
 MT_BENCH_QUESTIONS = Path(MT_BENCH.local).name
 MT_BENCH_REFERENCES = str(Path(MT_BENCH_REFERENCE.local).relative_to(Path(MT_BENCH.local).parent))
 

@@ -16,7 +16,6 @@ from dataclasses import asdict
 from typing import Any
 
 from eval.engines.lookup import LookupPolicy
-from headstart.paths import CHECKOUT
 from headstart.vllm_client import VLLMEngines, VLLMModel, engine_args, engine_gpu_memory, start_worker, vllm_unavailable
 from headstart.vllm_settings import VLLMSettings, vllm_python
 
@@ -62,7 +61,7 @@ class ServingEngine:
             raise RuntimeError(f"serving needs vLLM: {reason}")
         gpus = 1 if device.startswith("cuda") else 0
         first = {"llm": llm, "policy": asdict(policy) if policy else None, "eos_token_ids": sorted(eos_token_ids)}
-        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": 0, "PYTHONPATH": str(CHECKOUT)}
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": 0}
         self.process = start_worker([str(vllm_python(settings)), "-m", "eval.serving.engine_worker"], settings, first,
                                     gpus, env=env)
         ready = self._read_line()

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from device_check.base import Check, Figure
 
 # The memory stage builds the paper recipe's model (qwen3_prefix: Qwen3-8B) with random weights from
-# its config vendored in recipes/models/ (train/memory.py `vendored_config`). On CPU, Qwen3-8B in
+# its config vendored in headstart/recipes/models/ (train/memory.py `vendored_config`). On CPU, Qwen3-8B in
 # fp32 (33 GB of weights) does not fit a 24 GB machine, and one of its layers at 2 x 128 tokens
 # takes 10 s a step on a core: the same code runs 2 layers a quarter as wide (head_dim 128 and the
 # 4:1 grouping of query to KV heads kept) with a smaller vocabulary.

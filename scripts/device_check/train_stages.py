@@ -87,7 +87,7 @@ def stage_train(check: Check) -> list[Figure]:
 def stage_zero3(check: Check) -> list[Figure]:
     directory = check.stage_dir("zero3")
     run_dir = directory / "run"
-    launcher = ["--config_file", "recipes/accelerate/zero3.yaml", "--num_processes", "1"]
+    launcher = ["--config_file", "headstart/recipes/accelerate/zero3.yaml", "--num_processes", "1"]
     check.run(sft_command(check, launcher, "smollm2_prefix", run_dir, max_steps=4, save_steps=4, merge="true"),
               directory / "zero3.log")
     processes = [line for line in (directory / "zero3.log").read_text().splitlines() if line.startswith("processes:")]
