@@ -25,7 +25,16 @@ from train.sft_config import sft_config
 def trainer_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
                    placement: tuple[int, str] | None = None) -> SFTConfig:
     """TRL's config of the objective's trainer: SDFTConfig for `sdft`, else HeadstartSFTConfig
-    (arguments: train/sft_config.py `trainer_arguments`)."""
+    (arguments: train/sft_config.py `trainer_arguments`).
+
+    Args:
+        recipe (TrainRecipe): the validated recipe.
+        recipe_name (str): its name, for the run name.
+        output_dir (Path): the run directory.
+        world_size (int): the processes of this launch.
+        evaluate (bool): whether there is an evaluation split to evaluate on.
+        placement (tuple[int, str] | None): the node's usable GPUs and this process's device (default: this process's).
+    """
     build = sdft_config if recipe.objective == "sdft" else sft_config
     return build(recipe, recipe_name, output_dir, world_size, evaluate, placement)
 

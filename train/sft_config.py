@@ -244,7 +244,16 @@ def trainer_arguments(recipe: TrainRecipe, recipe_name: str, output_dir: Path, w
 def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
                placement: tuple[int, str] | None = None) -> HeadstartSFTConfig:
     """The `HeadstartSFTConfig` of `trainer_arguments` (same arguments); a value TRL refuses is its own
-    error, in one line."""
+    error, in one line.
+
+    Args:
+        recipe (TrainRecipe): the validated recipe.
+        recipe_name (str): its name, for the run name.
+        output_dir (Path): the run directory.
+        world_size (int): the processes of this launch.
+        evaluate (bool): whether there is an evaluation split to evaluate on.
+        placement (tuple[int, str] | None): the node's usable GPUs and this process's device (default: this process's).
+    """
     try:
         return HeadstartSFTConfig(**trainer_arguments(recipe, recipe_name, output_dir, world_size, evaluate, placement))
     except (ValueError, TypeError) as error:
