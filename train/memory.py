@@ -1,6 +1,6 @@
 """Memory per GPU of a training recipe, worked out before any GPU is rented.
 
-    python -m train.memory                          # every paper recipe, 8 GPUs, an 80 GiB card
+    python -m train.memory                          # every paper recipe, `gpus=8`, `card_gib=80`
     python -m train.memory recipe=qwen3_prefix      # one recipe
     python -m train.memory recipe=gemma3_prefix gpus=16 card_gib=141 training.max_length=4096
 

@@ -1,7 +1,7 @@
 """The memory formulas of train/memory.py: bytes of weights, LoRA state and activations.
 
 Weights (bf16, 2 bytes a parameter; the parameter count is summed from the config's
-dimensions and equals what transformers builds, tests/test_paper_models.py):
+dimensions and equals the count of the model transformers builds from that config):
 - DDP: every GPU holds them all.
 - ZeRO-3 over N GPUs: 2/N bytes a parameter, plus the parameters gathered while their layer
   runs: at most `stage3_max_live_parameters` (1e9, DeepSpeed's default) or, when larger, the
@@ -72,7 +72,7 @@ adds one layer's gradients, 2 x 2I + 2 x 2h per token (with checkpointing, plus 
 recomputed layer). The larger of the two, plus what waits for the recompute, is the
 activation peak; the weights and the LoRA state come on top.
 
-tests/test_paper_models.py checks these figures in tiny real Llama, Qwen3 and Gemma-3 models
+The test suite checks these figures in tiny real Llama, Qwen3 and Gemma-3 models
 (bf16 on CPU, with the CPU kernels' mask sizes, `Kernels`): the saved bytes against
 saved-tensor hooks, the peak against the tensors PyTorch allocates; both agree within a few
 percent. No GPU measurement backs them yet: check one real step with
