@@ -43,9 +43,9 @@ def refusion_collator(recipe: TrainRecipe, tokenizer, process_index: int) -> Ref
     """The slot-layout collator; each process draws its layouts from its own stream (seed + rank).
 
     Args:
-        recipe: the validated recipe (`refusion:` and `training.max_length`, `training.seed`).
-        tokenizer: the tokenizer with ReFusion's tokens.
-        process_index: this process's rank.
+        recipe (TrainRecipe): the validated recipe (`refusion:` and `training.max_length`, `training.seed`).
+        tokenizer (PreTrainedTokenizerBase): the tokenizer with ReFusion's tokens.
+        process_index (int): this process's rank.
     """
     return RefusionCollator(
         mask_token_id=mask_token_id(tokenizer),
@@ -68,11 +68,11 @@ def objective_trainer(recipe: TrainRecipe, model_dir: Path, tokenizer, peft_conf
     adapter-off teacher scores them.
 
     Args:
-        recipe: the validated recipe.
-        model_dir: the base model's directory.
-        tokenizer: its tokenizer (refusion adds its tokens to it).
-        peft_config: the LoRA config (refusion adds its token rows to it).
-        state: this process's accelerate state.
+        recipe (TrainRecipe): the validated recipe.
+        model_dir (Path): the base model's directory.
+        tokenizer (PreTrainedTokenizerBase): its tokenizer (refusion adds its tokens to it).
+        peft_config (LoraConfig): the LoRA config (refusion adds its token rows to it).
+        state (PartialState): this process's accelerate state.
     """
     if recipe.objective == "refusion":
         model = AutoModelForCausalLM.from_pretrained(model_dir, **model_init_kwargs(recipe, *process_device(state)))

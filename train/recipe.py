@@ -36,7 +36,7 @@ def parse_recipe(argv: list[str]) -> tuple[TrainRecipe, str]:
     """The validated recipe and its name (for the run directory and tags).
 
     Args:
-        argv: `recipe=NAME key=value section.key=value ...`; without `recipe=`, the embedded default.
+        argv (list[str]): `recipe=NAME key=value section.key=value ...`; without `recipe=`, the embedded default.
     """
     if not any(arg.startswith("recipe=") for arg in argv):
         argv = [f"recipe={DEFAULT_RECIPE}", *argv]
@@ -73,7 +73,7 @@ def validate(recipe: TrainRecipe) -> TrainRecipe:
     returns the recipe with its system message setting canonicalised.
 
     Args:
-        recipe: the loaded recipe.
+        recipe (TrainRecipe): the loaded recipe.
     """
     require(recipe.objective in OBJECTIVES,
             f"objective {recipe.objective!r} is not implemented; available: {', '.join(OBJECTIVES)}")
@@ -205,8 +205,8 @@ def check_transformers_version(installed: str, needed: str = TRANSFORMERS_NEEDED
     """Refuse a transformers release older than `needed`.
 
     Args:
-        installed: the installed version.
-        needed: the oldest version train/sft.py runs on.
+        installed (str): the installed version.
+        needed (str): the oldest version train/sft.py runs on.
     """
     if Version(installed) < Version(needed):
         raise StackVersionError(
@@ -221,8 +221,8 @@ def training_gpu_requests(recipe: TrainRecipe, environ: Mapping[str, str] | None
     bf16. `accelerate launch --cpu` (or `use_cpu: true`) is an explicit CPU choice: nothing asks.
 
     Args:
-        recipe: the validated recipe.
-        environ: the environment (default: this process's).
+        recipe (TrainRecipe): the validated recipe.
+        environ (Mapping[str, str] | None): the environment (default: this process's).
     """
     environ = os.environ if environ is None else environ
     if environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes", "y", "on", "t"):
