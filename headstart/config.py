@@ -32,7 +32,12 @@ class RecipeError(ValueError):
 
 
 def find_recipe(name: str, recipes_dir: Path = RECIPES_DIR) -> Path:
-    """`headstart/recipes/**/NAME.yaml`, or NAME itself when it is a YAML path."""
+    """`headstart/recipes/**/NAME.yaml`, or NAME itself when it is a YAML path.
+
+    Args:
+        name (str): a recipe's name (its file's stem) or a YAML file's path.
+        recipes_dir (Path): the folder searched, with its subfolders.
+    """
     path = Path(name).expanduser()
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
@@ -49,7 +54,13 @@ def find_recipe(name: str, recipes_dir: Path = RECIPES_DIR) -> Path:
 
 def load_config(schema: type[T], argv: list[str], recipes_dir: Path = RECIPES_DIR) -> T:
     """Build a `schema` instance from `recipe=NAME` and `key=value` arguments; `--help` (or
-    `-h`) anywhere prints the schema's help instead and exits 0 (`HelpShown`)."""
+    `-h`) anywhere prints the schema's help instead and exits 0 (`HelpShown`).
+
+    Args:
+        schema (type[T]): the config dataclass to build.
+        argv (list[str]): the command line: `recipe=NAME` (at most one) and `key=value` overrides.
+        recipes_dir (Path): where recipe names are looked up.
+    """
     exit_on_help(schema, argv, recipes_dir=recipes_dir)
     recipe_args = [a for a in argv if a.startswith("recipe=")]
     overrides = [a for a in argv if not a.startswith("recipe=")]
@@ -81,7 +92,11 @@ CLI_ERRORS = (RecipeError, ValueError, *PATH_ERRORS)
 
 def cli_main(body: Callable[[], Any]) -> int:
     """Run an entry point's body: `CLI_ERRORS` end with their message on stderr and exit
-    code 2 instead of a traceback, `--help` with 0; returns the exit code."""
+    code 2 instead of a traceback, `--help` with 0; returns the exit code.
+
+    Args:
+        body (Callable[[], Any]): the entry point's work, called with no arguments.
+    """
     try:
         body()
     except HelpShown:
@@ -96,21 +111,33 @@ INTERRUPTED_EXIT = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-
 
 
 def report_interrupt(what: str) -> int:
-    """End a Ctrl-C'd entry point with one line saying what it kept (no traceback); returns 130."""
+    """End a Ctrl-C'd entry point with one line saying what it kept (no traceback); returns 130.
+
+    Args:
+        what (str): what the interrupted run kept, said to the user.
+    """
     print(f"interrupted: {what}", file=sys.stderr)
     return INTERRUPTED_EXIT
 
 
 def error_line(error: BaseException) -> str:
     """One line for the user: an OSError as `<file>: <problem>` (its own text may name no
-    file, or two), anything else its message with its lines joined."""
+    file, or two), anything else its message with its lines joined.
+
+    Args:
+        error (BaseException): the error to describe.
+    """
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
         return f"{error.filename}: {error.strerror}"
     return " ".join(str(error).split("\n")).strip() or type(error).__name__
 
 
 def yaml_problem(error: yaml.YAMLError) -> str:
-    """A YAML error in one line: the problem and where (PyYAML's own text spans 4 lines)."""
+    """A YAML error in one line: the problem and where (PyYAML's own text spans 4 lines).
+
+    Args:
+        error (yaml.YAMLError): the error PyYAML raised.
+    """
     mark = getattr(error, "problem_mark", None)
     problem = getattr(error, "problem", None) or str(error).splitlines()[0]
     context = getattr(error, "context", None)
@@ -120,23 +147,43 @@ def yaml_problem(error: yaml.YAMLError) -> str:
 
 def run_cli(schema: type[T], run: Callable[[T], Any], argv: list[str] | None = None) -> int:
     """The body of every `recipe=NAME key=value` entry point: bad recipes, values and
-    missing files end with their message and exit code 2 instead of a traceback."""
+    missing files end with their message and exit code 2 instead of a traceback.
+
+    Args:
+        schema (type[T]): the config dataclass the arguments build.
+        run (Callable[[T], Any]): the entry point's work, called with the config.
+        argv (list[str] | None): the command line; None: `sys.argv[1:]`.
+    """
     return cli_main(lambda: run(load_config(schema, sys.argv[1:] if argv is None else argv)))
 
 
 def config_from_dict(schema: type[T], values: dict[str, Any]) -> T:
-    """Validate a plain mapping against `schema` with the same strict rules."""
+    """Validate a plain mapping against `schema` with the same strict rules.
+
+    Args:
+        schema (type[T]): the config dataclass to build.
+        values (dict[str, Any]): the mapping, nested as the dataclass is.
+    """
     return OmegaConf.to_object(_merge(OmegaConf.structured(schema), OmegaConf.create(values), "mapping"))
 
 
 def dump_config(config: Any, path: Path) -> None:
-    """Write the resolved config as YAML, for the output directory and trackers."""
+    """Write the resolved config as YAML, for the output directory and trackers.
+
+    Args:
+        config (Any): a config dataclass instance.
+        path (Path): the YAML file written (its folder is created).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
-    """A plain nested dict of a config dataclass (for W&B and JSON reports)."""
+    """A plain nested dict of a config dataclass (for W&B and JSON reports).
+
+    Args:
+        config (Any): a config dataclass instance.
+    """
     return OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
 
 
@@ -158,7 +205,15 @@ def exit_on_help(schema: type, argv: list[str], prog: str | None = None, recipes
                  usage: str | None = None) -> None:
     """With `--help`/`-h` in `argv`: print `schema`'s help and raise `HelpShown`; else nothing.
     load_config calls it before reading anything; an entry point that parses its own arguments
-    (train.memory) calls it itself, first."""
+    (train.memory) calls it itself, first.
+
+    Args:
+        schema (type): the config dataclass whose help is printed.
+        argv (list[str]): the command line.
+        prog (str | None): the program's name in the usage line; None: worked out from how it was started.
+        recipes_dir (Path): where the recipes the help lists are found.
+        usage (str | None): the usage line after the program's name; None: the `recipe=NAME key=value` one.
+    """
     if any(arg in HELP_FLAGS for arg in argv):
         print(render_help(schema, prog, recipes_dir, usage))
         raise HelpShown()
@@ -168,7 +223,14 @@ def render_help(schema: type, prog: str | None = None, recipes_dir: Path = RECIP
                 usage: str | None = None) -> str:
     """The usage line, the schema's doc, the recipes whose keys it accepts, then every field
     (type, default, help): top-level keys first, then each section (a nested dataclass, or a
-    mapping with `help_rows`) under its name."""
+    mapping with `help_rows`) under its name.
+
+    Args:
+        schema (type): the config dataclass described.
+        prog (str | None): the program's name in the usage line; None: worked out from how it was started.
+        recipes_dir (Path): where the recipes the help lists are found.
+        usage (str | None): the usage line after the program's name; None: the `recipe=NAME key=value` one.
+    """
     prog = prog or _program_name()
     sections = {f: rows for f in dataclasses.fields(schema) if (rows := _section_rows(f)) is not None}
     usage = usage or "recipe=NAME key=value " + ("section.key=value ..." if sections else "...")
@@ -188,7 +250,12 @@ def render_help(schema: type, prog: str | None = None, recipes_dir: Path = RECIP
 
 
 def fitting_recipes(schema: type, recipes_dir: Path = RECIPES_DIR) -> list[str]:
-    """Names of the recipes under `recipes_dir` whose top-level keys are all `schema`'s fields."""
+    """Names of the recipes under `recipes_dir` whose top-level keys are all `schema`'s fields.
+
+    Args:
+        schema (type): the config dataclass the recipes must fit.
+        recipes_dir (Path): the folder searched, with its subfolders.
+    """
     names = {f.name for f in dataclasses.fields(schema)}
     fits = []
     for path in sorted(recipes_dir.rglob("*.yaml")):

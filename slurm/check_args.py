@@ -21,6 +21,11 @@ from headstart.config import cli_main, load_config
 
 
 def check_data(argv: list[str]) -> None:
+    """slurm/data.sbatch's arguments, as `python -m data_builders` reads them.
+
+    Args:
+        argv (list[str]): `recipe=NAME` and `key=value` overrides.
+    """
     from data_builders.build import validate
     from data_builders.config import BuildConfig
 
@@ -28,6 +33,11 @@ def check_data(argv: list[str]) -> None:
 
 
 def check_train(argv: list[str]) -> None:
+    """slurm/train.sbatch's arguments, as train/sft.py reads them.
+
+    Args:
+        argv (list[str]): `recipe=NAME` (default smollm2_prefix) and `key=value` overrides.
+    """
     from train.config import TrainRecipe
     from train.recipe import validate
 
@@ -37,7 +47,11 @@ def check_train(argv: list[str]) -> None:
 
 
 def check_eval(argv: list[str]) -> None:
-    """slurm/eval.sbatch's arguments: `eval ...` (python -m eval), else eval.before_after."""
+    """slurm/eval.sbatch's arguments: `eval ...` (python -m eval), else eval.before_after.
+
+    Args:
+        argv (list[str]): the script's arguments, optionally led by the module's name.
+    """
     module = argv[0] if argv and argv[0] in ("eval", "eval.before_after") else "eval.before_after"
     argv = argv[1:] if argv and argv[0] == module else argv
     if any(arg.startswith("shard=") for arg in argv):
@@ -56,7 +70,11 @@ STAGES: dict[str, Callable[[list[str]], None]] = {"data": check_data, "train": c
 
 
 def check_stages(argv: list[str]) -> None:
-    """`argv`: pairs of a stage name and its arguments as one string (word-split as the script does)."""
+    """`argv`: pairs of a stage name and its arguments as one string (word-split as the script does).
+
+    Args:
+        argv (list[str]): stage names and argument strings, alternating.
+    """
     if len(argv) % 2:
         raise ValueError(f"usage: {sys.argv[0]} STAGE ARGS [STAGE ARGS ...] with STAGE one of {', '.join(STAGES)}")
     for stage, words in zip(argv[::2], argv[1::2]):

@@ -59,7 +59,12 @@ class BatchPlan:
 
 
 def batch_plan(recipe: TrainRecipe, world_size: int) -> BatchPlan:
-    """The split of `run.effective_batch_size` over `world_size` processes (see BatchPlan)."""
+    """The split of `run.effective_batch_size` over `world_size` processes (see BatchPlan).
+
+    Args:
+        recipe (TrainRecipe): the training recipe.
+        world_size (int): the number of training processes.
+    """
     effective, rate = recipe.run.effective_batch_size, recipe.training["learning_rate"]
     most = recipe.training["per_device_train_batch_size"]
     if world_size < 1:
@@ -84,5 +89,10 @@ def batch_plan(recipe: TrainRecipe, world_size: int) -> BatchPlan:
 
 
 def largest_divisor(effective: int, below: int) -> int:
-    """The largest world size under `below` that keeps `effective` (1 keeps any)."""
+    """The largest world size under `below` that keeps `effective` (1 keeps any).
+
+    Args:
+        effective (int): the effective batch size to keep.
+        below (int): the world size it must stay under.
+    """
     return max(size for size in range(1, below) if effective % size == 0)

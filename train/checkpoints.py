@@ -29,7 +29,11 @@ CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
 def last_complete_checkpoint(output_dir: str | Path) -> Path | None:
-    """The marked checkpoint with the highest step in `output_dir`, or None."""
+    """The marked checkpoint with the highest step in `output_dir`, or None.
+
+    Args:
+        output_dir (str | Path): the run directory.
+    """
     directory = Path(output_dir)
     if not directory.is_dir():
         return None
@@ -52,6 +56,14 @@ class CompletenessMarker(TrainerCallback):
         self.training_record = training_record  # headstart.json: a checkpoint evaluates like the final adapter
 
     def on_save(self, args, state, control, **kwargs):
+        """After a save: wait for every rank, then record the topology and mark the checkpoint complete.
+
+        Args:
+            args (TrainingArguments): the trainer's arguments.
+            state (TrainerState): the trainer's state (step, world rank).
+            control (TrainerControl): the trainer's flags, returned.
+            kwargs (Any): what the trainer passes besides (model, tokenizer, ...), unused.
+        """
         if dist.is_available() and dist.is_initialized():
             dist.barrier()  # ZeRO ranks write their own shards; wait for all of them
         if state.is_world_process_zero:
@@ -78,12 +90,25 @@ class StopOnRequest(TrainerCallback):
         self.stopped_at: int | None = None
 
     def requested(self, device: torch.device) -> bool:
+        """Whether any rank has seen the stop file (every rank must call it: an all-reduce).
+
+        Args:
+            device (torch.device): where the all-reduce's tensor lives (the process group's device).
+        """
         seen = torch.tensor([1.0 if self.path.is_file() else 0.0], device=device)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(seen, op=dist.ReduceOp.MAX)
         return bool(seen.item())
 
     def on_step_end(self, args, state, control, **kwargs):
+        """On a stop request before the last step: save at the end of this step and stop.
+
+        Args:
+            args (TrainingArguments): the trainer's arguments.
+            state (TrainerState): the trainer's state (step, world rank).
+            control (TrainerControl): the trainer's flags, returned.
+            kwargs (Any): what the trainer passes besides (model, tokenizer, ...), unused.
+        """
         if self.requested(args.device) and state.global_step < state.max_steps:
             control.should_save = True
             control.should_training_stop = True
@@ -91,7 +116,11 @@ class StopOnRequest(TrainerCallback):
         return control
 
     def report(self, checkpoint: Path) -> None:
-        """Tell the batch script the checkpoint is written, so it requeues the job (main process)."""
+        """Tell the batch script the checkpoint is written, so it requeues the job (main process).
+
+        Args:
+            checkpoint (Path): the checkpoint the stopped run wrote.
+        """
         self.path.write_text(f"saved {checkpoint}\n")
 
 

@@ -22,7 +22,12 @@ FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 def load_split(path: str, split: str) -> Dataset | None:
     """One split of a dataset stored anywhere we accept; None when the split is absent.
-    An empty file or split, or a line that is not JSON, is an error naming it."""
+    An empty file or split, or a line that is not JSON, is an error naming it.
+
+    Args:
+        path (str): a data file, a saved dataset's directory or a hub dataset id.
+        split (str): the split's name ("train", "validation").
+    """
     local = Path(path).expanduser()
     if local.suffix in FILE_FORMATS:
         if not local.is_file():
@@ -52,7 +57,11 @@ def data_fingerprint(path: str) -> str:
     saved dataset's rows (its .arrow files and split list: `save_to_disk` also writes a random
     fingerprint into state.json, which a rebuild of the same rows changes; `cache-*.arrow` are
     the caches `datasets` writes beside them when a run maps the rows); a hub id is named,
-    "hub:<id>" (the hub resolves it). Reads no dataset."""
+    "hub:<id>" (the hub resolves it). Reads no dataset.
+
+    Args:
+        path (str): a data file, a saved dataset's directory or a hub dataset id.
+    """
     local = Path(path).expanduser()
     if local.is_file():
         return "sha256:" + file_sha256(local)
@@ -103,7 +112,12 @@ def _nonempty(dataset: Dataset, path: str, split: str) -> Dataset:
 def check_rows(dataset: Dataset, split: str) -> None:
     """Every row is a dialogue ending with an assistant answer: a `messages` list of
     {role, content} turns, or `query` and `response` strings. The error names the row
-    (counting from 1) and the field."""
+    (counting from 1) and the field.
+
+    Args:
+        dataset (Dataset): the rows to check.
+        split (str): the split's name, for the message.
+    """
     columns = dataset.column_names
     fields = ("messages",) if "messages" in columns else ("query", "response")
     for number, row in enumerate(dataset.select_columns(list(fields)), 1):

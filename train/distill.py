@@ -80,7 +80,12 @@ class DistillCollator:
 
 
 def pad_with_labels(rows: Sequence[tuple[list[int], list[int]]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """(prompt, answer) pairs -> input_ids, attention_mask, labels, padded on the right."""
+    """(prompt, answer) pairs -> input_ids, attention_mask, labels, padded on the right.
+
+    Args:
+        rows (Sequence[tuple[list[int], list[int]]]): (prompt ids, answer ids) of each sequence.
+        pad_token_id (int): the id padding is written with.
+    """
     width = max(len(p) + len(a) for p, a in rows)
     ids, mask, labels = [], [], []
     for prompt, answer in rows:
@@ -92,12 +97,20 @@ def pad_with_labels(rows: Sequence[tuple[list[int], list[int]]], pad_token_id: i
 
 
 def predicting_positions(labels: torch.Tensor) -> torch.Tensor:
-    """[B, L] bool: position t predicts an answer token (labels[t + 1] is one)."""
+    """[B, L] bool: position t predicts an answer token (labels[t + 1] is one).
+
+    Args:
+        labels (torch.Tensor): [B, L] labels, IGNORE_INDEX off the answer.
+    """
     return F.pad(labels[:, 1:] != IGNORE_INDEX, (0, 1), value=False)
 
 
 def logits_to_keep(labels: torch.Tensor) -> int:
-    """How many trailing positions hold every position that predicts an answer token."""
+    """How many trailing positions hold every position that predicts an answer token.
+
+    Args:
+        labels (torch.Tensor): [B, L] labels, IGNORE_INDEX off the answer.
+    """
     rows = predicting_positions(labels)
     if not rows.any():
         return 1
@@ -107,18 +120,32 @@ def logits_to_keep(labels: torch.Tensor) -> int:
 
 def answer_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """[N, V]: the logits that predict the N answer tokens, row by row, in order. `logits`
-    may cover only the last positions of the sequence (`logits_to_keep`)."""
+    may cover only the last positions of the sequence (`logits_to_keep`).
+
+    Args:
+        logits (torch.Tensor): [B, K, V] logits of the last K positions (K <= L).
+        labels (torch.Tensor): [B, L] labels, IGNORE_INDEX off the answer.
+    """
     predicts = predicting_positions(labels)[:, labels.shape[1] - logits.shape[1]:]
     return logits[predicts]
 
 
 def log1mexp(x: torch.Tensor) -> torch.Tensor:
-    """log(1 - exp(x)) for x <= 0, finite: x is held below -1e-30 (1 - exp(x) >= 1e-30)."""
+    """log(1 - exp(x)) for x <= 0, finite: x is held below -1e-30 (1 - exp(x) >= 1e-30).
+
+    Args:
+        x (torch.Tensor): log-probabilities (<= 0).
+    """
     return torch.log(-torch.expm1(x.clamp(max=-1e-30)))
 
 
 def coarsen(log_probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """[N, k + 1] log-probabilities: those of the tokens `indices`, then of all the others."""
+    """[N, k + 1] log-probabilities: those of the tokens `indices`, then of all the others.
+
+    Args:
+        log_probs (torch.Tensor): [N, V] log-probabilities over the vocabulary.
+        indices (torch.Tensor): [N, k] the tokens kept apart, per row.
+    """
     top = log_probs.gather(-1, indices)
     return torch.cat([top, log1mexp(torch.logsumexp(top, dim=-1, keepdim=True))], dim=-1)
 
@@ -133,6 +160,12 @@ class TeacherTargets:
 
 
 def teacher_targets(logits: torch.Tensor, top_k: int = 0) -> TeacherTargets:
+    """The teacher's log-probabilities at the answer tokens: full, or its top-k and the rest.
+
+    Args:
+        logits (torch.Tensor): [N, V] the teacher's answer logits.
+        top_k (int): how many tokens to keep apart; 0 (or the vocabulary or more): all.
+    """
     log_probs = F.log_softmax(logits.float(), dim=-1)
     if not top_k or top_k >= log_probs.shape[-1]:
         return TeacherTargets(log_probs)
@@ -141,12 +174,23 @@ def teacher_targets(logits: torch.Tensor, top_k: int = 0) -> TeacherTargets:
 
 
 def student_log_probs(logits: torch.Tensor, targets: TeacherTargets) -> torch.Tensor:
+    """The student's log-probabilities over the same outcomes as the teacher's targets.
+
+    Args:
+        logits (torch.Tensor): [N, V] the student's answer logits.
+        targets (TeacherTargets): the teacher's targets (their top-k tokens, if any).
+    """
     log_probs = F.log_softmax(logits.float(), dim=-1)
     return log_probs if targets.indices is None else coarsen(log_probs, targets.indices)
 
 
 def kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
-    """Per row, KL(p || q) = sum p (log p - log q), with 0 log 0 = 0."""
+    """Per row, KL(p || q) = sum p (log p - log q), with 0 log 0 = 0.
+
+    Args:
+        log_p (torch.Tensor): [N, C] log-probabilities of p.
+        log_q (torch.Tensor): [N, C] log-probabilities of q.
+    """
     p = log_p.exp()
     return torch.where(p > 0, p * (log_p - log_q), 0.0).sum(dim=-1)
 
@@ -154,7 +198,13 @@ def kl(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
 def token_divergences(
     student_logits: torch.Tensor, targets: TeacherTargets, divergence: str = "forward"
 ) -> torch.Tensor:
-    """[N]: the divergence between teacher and student at each answer token."""
+    """[N]: the divergence between teacher and student at each answer token.
+
+    Args:
+        student_logits (torch.Tensor): [N, V] the student's answer logits.
+        targets (TeacherTargets): the teacher's targets at the same N tokens.
+        divergence (str): "forward" (KL(teacher || student)) or "reverse".
+    """
     student = student_log_probs(student_logits, targets)
     if divergence == "forward":
         return kl(targets.log_probs, student)
@@ -164,7 +214,13 @@ def token_divergences(
 
 
 def divergence_sum(student_logits: torch.Tensor, targets: TeacherTargets, divergence: str = "forward") -> torch.Tensor:
-    """Sum over the answer tokens of the divergence ([N, V] student logits, the teacher's targets)."""
+    """Sum over the answer tokens of the divergence ([N, V] student logits, the teacher's targets).
+
+    Args:
+        student_logits (torch.Tensor): [N, V] the student's answer logits.
+        targets (TeacherTargets): the teacher's targets at the same N tokens.
+        divergence (str): "forward" (KL(teacher || student)) or "reverse".
+    """
     if student_logits.shape[0] != targets.log_probs.shape[0]:
         raise ValueError(f"{student_logits.shape[0]} student answer tokens but {targets.log_probs.shape[0]} teacher ones")
     return token_divergences(student_logits, targets, divergence).sum()
@@ -189,7 +245,12 @@ class DistillTrainer(SFTTrainer):
 
     def teacher_logits(self, model, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The teacher pass: the same wrapped model (DDP module, DeepSpeed engine: under ZeRO-3
-        its hooks gather each layer's shards as the pass reaches it), adapter disabled, no graph."""
+        its hooks gather each layer's shards as the pass reaches it), adapter disabled, no graph.
+
+        Args:
+            model (torch.nn.Module): the wrapped student model (the teacher is it without its adapter).
+            inputs (dict[str, torch.Tensor]): the collated batch, with the teacher's `teacher_*` tensors.
+        """
         labels = inputs["teacher_labels"]
         with torch.no_grad(), self.accelerator.unwrap_model(model).disable_adapter():
             outputs = model(
@@ -199,6 +260,14 @@ class DistillTrainer(SFTTrainer):
         return outputs.logits, labels
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The summed divergence over the batch's answer tokens, divided by `num_items_in_batch`.
+
+        Args:
+            model (torch.nn.Module): the wrapped student model.
+            inputs (dict[str, torch.Tensor]): the collated batch (student and teacher sequences).
+            return_outputs (bool): whether to return the student's outputs with the loss.
+            num_items_in_batch (int | torch.Tensor | None): answer tokens over the accumulated batch; None: this batch's.
+        """
         teacher_logits, teacher_labels = self.teacher_logits(model, inputs)
         targets = teacher_targets(answer_logits(teacher_logits, teacher_labels), self.top_k)
         del teacher_logits  # only the targets live on through the student pass and its backward

@@ -24,6 +24,11 @@ from train.recipe import parse_recipe
 
 
 def run(argv: list[str]) -> dict[str, str | None]:
+    """Fetch the recipe's model, and its data when it is a hub dataset; returns what was fetched.
+
+    Args:
+        argv (list[str]): `recipe=NAME` and `key=value` overrides, as train/sft.py takes them.
+    """
     recipe, name = parse_recipe(argv)
     fetched = {"model": download_model(recipe.model.name_or_path)}
     print(f"{name}: model {recipe.model.name_or_path}: "
@@ -37,6 +42,11 @@ def run(argv: list[str]) -> dict[str, str | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point; returns the exit code.
+
+    Args:
+        argv (list[str] | None): the command line; None: `sys.argv[1:]`.
+    """
     return cli_main(lambda: run(sys.argv[1:] if argv is None else argv))
 
 

@@ -1,6 +1,6 @@
 """Memory per GPU of a training recipe, worked out before any GPU is rented.
 
-    python -m train.memory                          # every paper recipe, 8 GPUs, an 80 GiB card
+    python -m train.memory                          # every paper recipe, `gpus=8`, `card_gib=80`
     python -m train.memory recipe=qwen3_prefix      # one recipe
     python -m train.memory recipe=gemma3_prefix gpus=16 card_gib=141 training.max_length=4096
 
@@ -56,12 +56,21 @@ class Estimate:
     activations_checkpointed: Activations
 
     def total(self, checkpointing: bool) -> int:
+        """Bytes per GPU: weights, LoRA state and peak activations.
+
+        Args:
+            checkpointing (bool): whether activation checkpointing is on.
+        """
         acts = self.activations_checkpointed if checkpointing else self.activations
         return self.weights + self.lora_state + acts.peak
 
 
 def vendored_config(name_or_path: str):
-    """The transformers config of a model vendored in headstart/recipes/models/<hub id>/config.json."""
+    """The transformers config of a model vendored in headstart/recipes/models/<hub id>/config.json.
+
+    Args:
+        name_or_path (str): the model's hub id, as the recipe names it.
+    """
     from transformers import AutoConfig
 
     directory = MODELS_DIR / name_or_path
@@ -74,7 +83,14 @@ def vendored_config(name_or_path: str):
 
 
 def estimate(recipe, recipe_name: str, strategy: str, gpus: int) -> Estimate:
-    """The memory of `recipe` per GPU when launched on `gpus` GPUs with `strategy` (ddp, zero3)."""
+    """The memory of `recipe` per GPU when launched on `gpus` GPUs with `strategy` (ddp, zero3).
+
+    Args:
+        recipe (TrainRecipe): the training recipe.
+        recipe_name (str): the recipe's name, for the table.
+        strategy (str): "ddp" or "zero3".
+        gpus (int): the number of GPUs launched.
+    """
     if recipe.model.dtype not in ("auto", "bfloat16"):
         raise RecipeError(
             f"model.dtype {recipe.model.dtype}: the estimate covers bf16 training (dtype auto or bfloat16)"
@@ -107,7 +123,11 @@ class MemoryArgs:
 
 def parse_args(argv: list[str]) -> tuple[list[str], MemoryArgs]:
     """The recipe names (every paper recipe when none is given) and the tool's own settings;
-    any other key=value overrides the recipe (training.max_length=4096)."""
+    any other key=value overrides the recipe (training.max_length=4096).
+
+    Args:
+        argv (list[str]): the command line: `recipe=NAME` (repeatable), `gpus=N`, `card_gib=GIB`, overrides.
+    """
     args, names = MemoryArgs(), []
     for arg in argv:
         key, _, value = arg.partition("=")
@@ -128,6 +148,12 @@ def parse_args(argv: list[str]) -> tuple[list[str], MemoryArgs]:
 
 
 def table(estimates: list[Estimate], card_gib: float) -> str:
+    """The estimates as a Markdown table, with whether each fits `FIT_SHARE` of the card.
+
+    Args:
+        estimates (list[Estimate]): the estimates, one row each.
+        card_gib (float): the card's memory in GiB.
+    """
     budget = FIT_SHARE * card_gib
     header = (f"| recipe | launch | batch x length | weights | LoRA state | activations (no ckpt / ckpt) "
               f"| total, no ckpt | total, ckpt | fits {card_gib:g} GiB? (no ckpt / ckpt) |")
@@ -145,6 +171,11 @@ def table(estimates: list[Estimate], card_gib: float) -> str:
 
 
 def main(argv: list[str]) -> None:
+    """Print the table of the named recipes (every paper recipe by default).
+
+    Args:
+        argv (list[str]): the command line (see `parse_args`).
+    """
     exit_on_help(MemoryArgs, argv, usage="[recipe=NAME ...] [gpus=N] [card_gib=GIB] [section.key=value ...]")
     from train.recipe import parse_recipe
 

@@ -1,7 +1,7 @@
 """The memory formulas of train/memory.py: bytes of weights, LoRA state and activations.
 
 Weights (bf16, 2 bytes a parameter; the parameter count is summed from the config's
-dimensions and equals what transformers builds, tests/test_paper_models.py):
+dimensions and equals the count of the model transformers builds from that config):
 - DDP: every GPU holds them all.
 - ZeRO-3 over N GPUs: 2/N bytes a parameter, plus the parameters gathered while their layer
   runs: at most `stage3_max_live_parameters` (1e9, DeepSpeed's default) or, when larger, the
@@ -72,7 +72,7 @@ adds one layer's gradients, 2 x 2I + 2 x 2h per token (with checkpointing, plus 
 recomputed layer). The larger of the two, plus what waits for the recompute, is the
 activation peak; the weights and the LoRA state come on top.
 
-tests/test_paper_models.py checks these figures in tiny real Llama, Qwen3 and Gemma-3 models
+The test suite checks these figures in tiny real Llama, Qwen3 and Gemma-3 models
 (bf16 on CPU, with the CPU kernels' mask sizes, `Kernels`): the saved bytes against
 saved-tensor hooks, the peak against the tensors PyTorch allocates; both agree within a few
 percent. No GPU measurement backs them yet: check one real step with
@@ -130,6 +130,11 @@ class Architecture:
 
     @classmethod
     def from_config(cls, config) -> Architecture:
+        """The dimensions of a llama, qwen3 or gemma3 model (its text decoder) from its config.
+
+        Args:
+            config (PretrainedConfig): the model's transformers config.
+        """
         text = config.get_text_config()
         model_type = text.model_type
         if model_type not in ("llama", "qwen3", "gemma3_text"):
@@ -166,7 +171,11 @@ class Architecture:
 
 
 def vision_params(config) -> int:
-    """Parameters of a SigLIP vision tower without head and of Gemma-3's projector."""
+    """Parameters of a SigLIP vision tower without head and of Gemma-3's projector.
+
+    Args:
+        config (PretrainedConfig): a Gemma-3 model's config.
+    """
     v = config.vision_config
     if v.model_type != "siglip_vision_model" or getattr(v, "vision_use_head", False):
         raise ValueError(f"vision tower {v.model_type!r}: only SigLIP without head is counted")
@@ -186,13 +195,23 @@ class Adapter:
     projections: tuple[str, ...]  # the decoder-layer linears it wraps
 
     def params(self, arch: Architecture) -> int:
+        """The adapter's parameters over every decoder layer.
+
+        Args:
+            arch (Architecture): the model's dimensions.
+        """
         dims = arch.projection_dims()
         return arch.layers * sum(self.rank * sum(dims[p]) for p in self.projections)
 
 
 def adapter_of(recipe, arch: Architecture) -> Adapter:
     """The projections the recipe's LoRA wraps, matched by PEFT's own rule against the module
-    names transformers gives them (`<decoder>.layers.<i>.<self_attn|mlp>.<name>`)."""
+    names transformers gives them (`<decoder>.layers.<i>.<self_attn|mlp>.<name>`).
+
+    Args:
+        recipe (TrainRecipe): the training recipe.
+        arch (Architecture): the model's dimensions.
+    """
     from peft.tuners.tuners_utils import check_target_module_exists
 
     from train.model import lora_config
@@ -205,6 +224,13 @@ def adapter_of(recipe, arch: Architecture) -> Adapter:
 
 
 def module_name(arch: Architecture, projection: str, layer: int = 0) -> str:
+    """The module name transformers gives a projection of a decoder layer.
+
+    Args:
+        arch (Architecture): the model's dimensions (its decoder's path).
+        projection (str): the projection's name (`q_proj`, `down_proj`).
+        layer (int): the decoder layer's index.
+    """
     block = "self_attn" if projection in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
     return f"{arch.decoder_path}.layers.{layer}.{block}.{projection}"
 
@@ -216,7 +242,16 @@ def layer_activation_bytes(arch: Architecture, adapter: Adapter, length: int, ke
     checkpointing, whose input needs no gradient. `masked`: attention runs with a mask
     (padded batches; Gemma-3's sliding windows), so transformers repeats k and v to every
     query head (its sdpa path keeps grouped heads only without a mask) and the kernel keeps
-    the mask."""
+    the mask.
+
+    Args:
+        arch (Architecture): the model's dimensions.
+        adapter (Adapter): the projections the LoRA wraps, and its rank.
+        length (int): the sequence length in tokens.
+        kernels (Kernels): what the attention and head kernels keep (CUDA's by default).
+        first (bool): whether it is the first layer without checkpointing.
+        masked (bool): whether attention runs with a mask.
+    """
     h, i, a, g, d = arch.hidden, arch.intermediate, arch.heads, arch.kv_heads, arch.head_dim
     norm = 4 * h + 4
     total = arch.norms_per_layer * norm - (norm if first else 0)
@@ -246,7 +281,15 @@ class Head:
 
 
 def head_bytes(arch: Architecture, objective: str, top_k: int = 0, rows: int = 1, kernels: Kernels = CUDA) -> Head:
-    """The head of `objective` for `rows` scored positions."""
+    """The head of `objective` for `rows` scored positions.
+
+    Args:
+        arch (Architecture): the model's dimensions.
+        objective (str): "sft", "refusion" or "distill".
+        top_k (int): distill's top-k; 0: the full vocabulary.
+        rows (int): the positions the head scores.
+        kernels (Kernels): what the head's kernel keeps (CUDA's by default).
+    """
     h, v = arch.hidden, arch.vocab
     if objective == "sft":  # hidden copy, target, log-normaliser, entropy, label mask; fp32 + bf16 hidden gradient
         tile_rows, width = FUSED_HEAD_TILE
@@ -276,7 +319,21 @@ def activation_bytes(arch: Architecture, adapter: Adapter, batch: int, length: i
     """Saved and peak activation bytes of a micro-batch of `batch` x `length` tokens.
     `adapter_dtype_bytes`: 4 when the adapter is fp32 and autocast keeps its bf16 copy (DDP),
     2 when it is bf16 (ZeRO-3: no copy). `scored`: positions the head scores (default all:
-    refusion scores every position; sft and distill only those predicting an answer token)."""
+    refusion scores every position; sft and distill only those predicting an answer token).
+
+    Args:
+        arch (Architecture): the model's dimensions.
+        adapter (Adapter): the projections the LoRA wraps, and its rank.
+        batch (int): sequences in the micro-batch.
+        length (int): tokens per sequence.
+        objective (str): "sft", "refusion" or "distill".
+        checkpointing (bool): whether activation checkpointing is on.
+        top_k (int): distill's top-k; 0: the full vocabulary.
+        kernels (Kernels): what the attention and head kernels keep (CUDA's by default).
+        masked (bool): whether attention runs with a mask.
+        adapter_dtype_bytes (int): bytes per adapter parameter: 4 (fp32) or 2 (bf16).
+        scored (int | None): positions the head scores; None: all.
+    """
     tokens = batch * length
     scored = tokens if scored is None else scored
     layer = layer_activation_bytes(arch, adapter, length, kernels, masked=masked)
@@ -302,6 +359,13 @@ def activation_bytes(arch: Architecture, adapter: Adapter, batch: int, length: i
 
 
 def weight_bytes(arch: Architecture, strategy: str, gpus: int) -> int:
+    """Bytes of the bf16 base weights per GPU: all of them (DDP), or a shard and the gathered ones (ZeRO-3).
+
+    Args:
+        arch (Architecture): the model's dimensions.
+        strategy (str): "ddp" or "zero3".
+        gpus (int): the number of GPUs (ZeRO-3's shards).
+    """
     total = arch.total_params()
     if strategy == "ddp":
         return 2 * total
@@ -310,7 +374,13 @@ def weight_bytes(arch: Architecture, strategy: str, gpus: int) -> int:
 
 
 def lora_state_bytes(params: int, strategy: str, gpus: int) -> int:
-    """Adapter weights, gradients and AdamW moments (see the module docstring)."""
+    """Adapter weights, gradients and AdamW moments (see the module docstring).
+
+    Args:
+        params (int): the adapter's parameters.
+        strategy (str): "ddp" or "zero3".
+        gpus (int): the number of GPUs (ZeRO-3's shards).
+    """
     if strategy == "ddp":
         return 20 * params
     return 2 * params + 14 * params // gpus

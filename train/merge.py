@@ -39,7 +39,13 @@ class MergeArgs:
 
 def merge_adapter(adapter_dir: str | Path, output_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
     """Load base + adapter on CPU in float32, merge, save model (in `dtype`), tokenizer and the
-    adapter's training record to `output_dir`."""
+    adapter's training record to `output_dir`.
+
+    Args:
+        adapter_dir (str | Path): the LoRA adapter's directory.
+        output_dir (str | Path): where the merged model is written (created).
+        dtype (torch.dtype): the dtype the merged weights are saved in.
+    """
     loaded = load_model(str(adapter_dir), merge=True, dtype=torch.float32, device="cpu")
     model = loaded.model if dtype == torch.float32 else loaded.model.to(dtype)
     output = Path(output_dir)
@@ -56,7 +62,11 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def run(args: MergeArgs) -> Path:
-    """Check the arguments, then merge; every check runs before the base model loads."""
+    """Check the arguments, then merge; every check runs before the base model loads.
+
+    Args:
+        args (MergeArgs): the adapter, output directory and dtype.
+    """
     if not args.adapter or not args.output:
         raise ValueError("usage: python -m train.merge adapter=DIR output=DIR [dtype=float32|bfloat16|float16]")
     if args.dtype not in DTYPES:
@@ -69,6 +79,11 @@ def run(args: MergeArgs) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point; returns the exit code.
+
+    Args:
+        argv (list[str] | None): `adapter=DIR output=DIR [dtype=...]`; None: `sys.argv[1:]`.
+    """
     return run_cli(MergeArgs, run, argv)
 
 

@@ -18,7 +18,7 @@ def model_config(recipe: TrainRecipe) -> ModelConfig:
     (`lora.target_regex`, a full-name regex, takes the place of the module names).
 
     Args:
-        recipe: the validated recipe.
+        recipe (TrainRecipe): the validated recipe.
     """
     model, lora = recipe.model, recipe.lora
     return ModelConfig(model_name_or_path=model.name_or_path, dtype=model.dtype,
@@ -31,7 +31,7 @@ def lora_config(recipe: TrainRecipe) -> LoraConfig:
     """PEFT's LoRA config of the recipe, as TRL's `get_peft_config` builds it.
 
     Args:
-        recipe: the validated recipe.
+        recipe (TrainRecipe): the validated recipe.
     """
     return get_peft_config(model_config(recipe))
 
@@ -40,7 +40,7 @@ def use_bf16(recipe: TrainRecipe) -> bool:
     """bf16 mixed precision on GPU, fp32 on CPU, unless the recipe's `training.bf16` decides.
 
     Args:
-        recipe: the validated recipe.
+        recipe (TrainRecipe): the validated recipe.
     """
     bf16 = recipe.training.get("bf16")
     return torch.cuda.is_available() if bf16 is None else bf16
@@ -50,7 +50,7 @@ def model_dtype(recipe: TrainRecipe) -> torch.dtype:
     """The weights' dtype: `model.dtype`, where `auto` is bf16 on GPU and fp32 on CPU.
 
     Args:
-        recipe: the validated recipe.
+        recipe (TrainRecipe): the validated recipe.
     """
     if recipe.model.dtype == "auto":
         return default_dtype("cuda" if torch.cuda.is_available() else "cpu")
@@ -67,9 +67,9 @@ def model_init_kwargs(recipe: TrainRecipe, gpus: int = 0, device: str = "cpu") -
     is nothing to place.
 
     Args:
-        recipe: the validated recipe.
-        gpus: the usable GPUs of this node.
-        device: the device accelerate gives this process.
+        recipe (TrainRecipe): the validated recipe.
+        gpus (int): the usable GPUs of this node.
+        device (str): the device accelerate gives this process.
     """
     placed = gpus > 0 and not uses_deepspeed()
     return {"dtype": model_dtype(recipe), "attn_implementation": recipe.model.attn_implementation,

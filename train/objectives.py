@@ -25,7 +25,16 @@ from train.sft_config import sft_config
 def trainer_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
                    placement: tuple[int, str] | None = None) -> SFTConfig:
     """TRL's config of the objective's trainer: SDFTConfig for `sdft`, else HeadstartSFTConfig
-    (arguments: train/sft_config.py `trainer_arguments`)."""
+    (arguments: train/sft_config.py `trainer_arguments`).
+
+    Args:
+        recipe (TrainRecipe): the validated recipe.
+        recipe_name (str): its name, for the run name.
+        output_dir (Path): the run directory.
+        world_size (int): the processes of this launch.
+        evaluate (bool): whether there is an evaluation split to evaluate on.
+        placement (tuple[int, str] | None): the node's usable GPUs and this process's device (default: this process's).
+    """
     build = sdft_config if recipe.objective == "sdft" else sft_config
     return build(recipe, recipe_name, output_dir, world_size, evaluate, placement)
 
@@ -34,9 +43,9 @@ def refusion_collator(recipe: TrainRecipe, tokenizer, process_index: int) -> Ref
     """The slot-layout collator; each process draws its layouts from its own stream (seed + rank).
 
     Args:
-        recipe: the validated recipe (`refusion:` and `training.max_length`, `training.seed`).
-        tokenizer: the tokenizer with ReFusion's tokens.
-        process_index: this process's rank.
+        recipe (TrainRecipe): the validated recipe (`refusion:` and `training.max_length`, `training.seed`).
+        tokenizer (PreTrainedTokenizerBase): the tokenizer with ReFusion's tokens.
+        process_index (int): this process's rank.
     """
     return RefusionCollator(
         mask_token_id=mask_token_id(tokenizer),
@@ -59,11 +68,11 @@ def objective_trainer(recipe: TrainRecipe, model_dir: Path, tokenizer, peft_conf
     adapter-off teacher scores them.
 
     Args:
-        recipe: the validated recipe.
-        model_dir: the base model's directory.
-        tokenizer: its tokenizer (refusion adds its tokens to it).
-        peft_config: the LoRA config (refusion adds its token rows to it).
-        state: this process's accelerate state.
+        recipe (TrainRecipe): the validated recipe.
+        model_dir (Path): the base model's directory.
+        tokenizer (PreTrainedTokenizerBase): its tokenizer (refusion adds its tokens to it).
+        peft_config (LoraConfig): the LoRA config (refusion adds its token rows to it).
+        state (PartialState): this process's accelerate state.
     """
     if recipe.objective == "refusion":
         model = AutoModelForCausalLM.from_pretrained(model_dir, **model_init_kwargs(recipe, *process_device(state)))

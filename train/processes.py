@@ -30,7 +30,7 @@ def process_group_kwargs(recipe: TrainRecipe) -> dict:
     (torch's and DeepSpeed's defaults would apply).
 
     Args:
-        recipe: the validated recipe (its `training.ddp_timeout`).
+        recipe (TrainRecipe): the validated recipe (its `training.ddp_timeout`).
     """
     return {**process_state_kwargs(), "timeout": timedelta(seconds=recipe.training["ddp_timeout"])}
 
@@ -54,7 +54,7 @@ def process_device(state: PartialState) -> tuple[int, str]:
     """The usable GPUs of this node and the device accelerate gives this process.
 
     Args:
-        state: this process's accelerate state.
+        state (PartialState): this process's accelerate state.
     """
     return (torch.cuda.device_count() if torch.cuda.is_available() else 0), str(state.device)
 
@@ -65,8 +65,8 @@ def keep_one_gpu(args: SFTConfig, distributed: bool) -> None:
     in nn.DataParallel, which TRL refuses once the model has loaded.
 
     Args:
-        args: the trainer's arguments, changed in place.
-        distributed: whether this launch runs more than one process.
+        args (SFTConfig): the trainer's arguments, changed in place.
+        distributed (bool): whether this launch runs more than one process.
     """
     if not distributed and args.n_gpu > 1:
         args._n_gpu = 1

@@ -14,13 +14,22 @@ ANSWER_MODEL = "answer_model"
 def same_model(a: str, b: str) -> bool:
     """Whether two model names denote the same model: equal, or the same repository/directory
     name (a hub id and its local copy), an embedded alias, its GGUF file and the directory
-    `headstart.models.resolve_model_dir` converts that file into all alike."""
+    `headstart.models.resolve_model_dir` converts that file into all alike.
+
+    Args:
+        a (str): a model's name or path.
+        b (str): another model's name or path.
+    """
     return a.strip().rstrip("/").lower() == b.strip().rstrip("/").lower() or model_key(a) == model_key(b)
 
 
 def model_key(name: str) -> str:
     """What identifies a model across its spellings: the GGUF stem for an embedded alias, a .gguf
-    file or its converted directory; else the last part of a hub id or path (lower case)."""
+    file or its converted directory; else the last part of a hub id or path (lower case).
+
+    Args:
+        name (str): a model's name or path.
+    """
     from headstart.models import EMBEDDED_MODELS, converted_gguf_stem
 
     name = name.strip().rstrip("/")
@@ -33,7 +42,12 @@ def model_key(name: str) -> str:
 def answer_models(dataset: Dataset, path: str) -> set[str] | None:
     """Which models wrote the rows' answers: the `answer_model` column (data_builders writes it;
     empty for a corpus's own answers), else, for a build that predates it, the `model` of its
-    config.yaml when its rows say `answer_kind: self`. None: the data does not say."""
+    config.yaml when its rows say `answer_kind: self`. None: the data does not say.
+
+    Args:
+        dataset (Dataset): the training rows.
+        path (str): where the data was loaded from (its config.yaml is read).
+    """
     if ANSWER_MODEL in dataset.column_names:
         return {m for m in dataset.unique(ANSWER_MODEL) if m}
     if "answer_kind" in dataset.column_names and "self" in dataset.unique("answer_kind"):
@@ -51,7 +65,14 @@ def answer_models(dataset: Dataset, path: str) -> set[str] | None:
 
 def check_answer_models(dataset: Dataset, path: str, model: str, allowed: bool) -> list[str]:
     """Refuse answers written by another model than the one trained (self-distillation data of
-    another model is distillation from it), unless `data.answers_from_other_model`; returns notes."""
+    another model is distillation from it), unless `data.answers_from_other_model`; returns notes.
+
+    Args:
+        dataset (Dataset): the training rows.
+        path (str): where the data was loaded from.
+        model (str): the model trained.
+        allowed (bool): `data.answers_from_other_model`: another model's answers are accepted, with a note.
+    """
     writers = answer_models(dataset, path)
     if writers is None:
         return [f"note: {path} does not say which model wrote its answers (no `{ANSWER_MODEL}` column)"]

@@ -36,7 +36,7 @@ def parse_recipe(argv: list[str]) -> tuple[TrainRecipe, str]:
     """The validated recipe and its name (for the run directory and tags).
 
     Args:
-        argv: `recipe=NAME key=value section.key=value ...`; without `recipe=`, the embedded default.
+        argv (list[str]): `recipe=NAME key=value section.key=value ...`; without `recipe=`, the embedded default.
     """
     if not any(arg.startswith("recipe=") for arg in argv):
         argv = [f"recipe={DEFAULT_RECIPE}", *argv]
@@ -45,12 +45,25 @@ def parse_recipe(argv: list[str]) -> tuple[TrainRecipe, str]:
 
 
 def require(ok: bool, message: str) -> None:
-    """Refuse the recipe with `message` unless `ok`."""
+    """Refuse the recipe with `message` unless `ok`.
+
+    Args:
+        ok (bool): whether the recipe passes.
+        message (str): what is wrong, for the error.
+    """
     if not ok:
         raise RecipeValueError(message)
 
 
 def at_least(training: dict[str, Any], name: str, low: float, why: str = "") -> None:
+    """Refuse the recipe unless `training.<name>` is set and at least `low`.
+
+    Args:
+        training (dict[str, Any]): the recipe's `training:` section.
+        name (str): the key checked.
+        low (float): the smallest value accepted.
+        why (str): added to the message after the bound.
+    """
     value = training.get(name)
     require(value is not None and value >= low, f"training.{name} must be >= {low:g}{why}, got {value}")
 
@@ -60,7 +73,7 @@ def validate(recipe: TrainRecipe) -> TrainRecipe:
     returns the recipe with its system message setting canonicalised.
 
     Args:
-        recipe: the loaded recipe.
+        recipe (TrainRecipe): the loaded recipe.
     """
     require(recipe.objective in OBJECTIVES,
             f"objective {recipe.objective!r} is not implemented; available: {', '.join(OBJECTIVES)}")
@@ -84,7 +97,11 @@ def validate(recipe: TrainRecipe) -> TrainRecipe:
 
 def validate_numbers(recipe: TrainRecipe) -> None:
     """Values PEFT, TRL or the optimiser would refuse (or misuse) only once the model has loaded:
-    a rank-0 adapter, a negative learning rate, a tracker name nobody knows."""
+    a rank-0 adapter, a negative learning rate, a tracker name nobody knows.
+
+    Args:
+        recipe (TrainRecipe): the recipe to check.
+    """
     lora, t, data = recipe.lora, recipe.training, recipe.data
     require(lora.r >= 1, f"lora.r must be >= 1 (the adapter's rank), got {lora.r}")
     require(lora.alpha > 0, f"lora.alpha must be > 0 (scale = alpha / r), got {lora.alpha}")
@@ -109,14 +126,23 @@ def validate_numbers(recipe: TrainRecipe) -> None:
 
 
 def own_batches(recipe: TrainRecipe, why: str) -> None:
-    """An objective whose collator lays out its batches: TRL's packing and padding-free modes would replace it."""
+    """An objective whose collator lays out its batches: TRL's packing and padding-free modes would replace it.
+
+    Args:
+        recipe (TrainRecipe): the recipe to check.
+        why (str): what the objective's collator does, for the message.
+    """
     require(not (recipe.training.get("packing") or recipe.training.get("padding_free")),
             f"objective: {recipe.objective} {why}; set training.packing and training.padding_free to false")
 
 
 def validate_refusion(recipe: TrainRecipe) -> None:
     """Slot sizes and eps are checked whatever the objective (the defaults pass). The layout needs
-    its own collator, run in the main process, where it counts the batches it lays out."""
+    its own collator, run in the main process, where it counts the batches it lays out.
+
+    Args:
+        recipe (TrainRecipe): the recipe to check.
+    """
     r = recipe.refusion
     require(bool(r.slot_sizes) and all(size >= 1 for size in r.slot_sizes),
             f"refusion.slot_sizes must be a non-empty list of sizes >= 1, got {list(r.slot_sizes)}")
@@ -130,7 +156,11 @@ def validate_refusion(recipe: TrainRecipe) -> None:
 
 def validate_distill(recipe: TrainRecipe) -> None:
     """Divergence and top-k are checked whatever the objective (the defaults pass); the student and
-    teacher sequences are laid out by their own collator."""
+    teacher sequences are laid out by their own collator.
+
+    Args:
+        recipe (TrainRecipe): the recipe to check.
+    """
     d = recipe.distill
     require(d.divergence in DIVERGENCES, f"distill.divergence {d.divergence!r}: use {' or '.join(DIVERGENCES)}")
     require(d.top_k >= 0, f"distill.top_k must be >= 0 (0 = the full vocabulary), got {d.top_k}")
@@ -141,7 +171,11 @@ def validate_distill(recipe: TrainRecipe) -> None:
 def validate_sdft(recipe: TrainRecipe) -> None:
     """`sdft:` settings are for objective: sdft alone (elsewhere they would be silently unused); the
     values TRL's SDFTConfig would take but misuse, or refuse only once the data is read. The batch
-    against num_generations is checked with the batch plan (train/sdft.py `sdft_config`)."""
+    against num_generations is checked with the batch plan (train/sdft.py `sdft_config`).
+
+    Args:
+        recipe (TrainRecipe): the recipe to check.
+    """
     s = recipe.sdft
     if recipe.objective != "sdft":
         require(s == SdftSection(), f"sdft.* settings apply to objective: sdft only; this recipe's objective is "
@@ -171,8 +205,8 @@ def check_transformers_version(installed: str, needed: str = TRANSFORMERS_NEEDED
     """Refuse a transformers release older than `needed`.
 
     Args:
-        installed: the installed version.
-        needed: the oldest version train/sft.py runs on.
+        installed (str): the installed version.
+        needed (str): the oldest version train/sft.py runs on.
     """
     if Version(installed) < Version(needed):
         raise StackVersionError(
@@ -187,8 +221,8 @@ def training_gpu_requests(recipe: TrainRecipe, environ: Mapping[str, str] | None
     bf16. `accelerate launch --cpu` (or `use_cpu: true`) is an explicit CPU choice: nothing asks.
 
     Args:
-        recipe: the validated recipe.
-        environ: the environment (default: this process's).
+        recipe (TrainRecipe): the validated recipe.
+        environ (Mapping[str, str] | None): the environment (default: this process's).
     """
     environ = os.environ if environ is None else environ
     if environ.get("ACCELERATE_USE_CPU", "false").lower() in ("1", "true", "yes", "y", "on", "t"):

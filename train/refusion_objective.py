@@ -65,7 +65,14 @@ class SlotDraw:
 def draw_slots(
     answer_length: int, slot_sizes: Sequence[int], eps: float, generator: torch.Generator | None = None
 ) -> SlotDraw:
-    """Draw slot size, masking probability, masked slots and the order of the clean ones."""
+    """Draw slot size, masking probability, masked slots and the order of the clean ones.
+
+    Args:
+        answer_length (int): the answer's tokens.
+        slot_sizes (Sequence[int]): the slot sizes drawn from.
+        eps (float): the smallest masking probability.
+        generator (torch.Generator | None): the random stream; None: torch's global one.
+    """
     slot_size = slot_sizes[int(torch.randint(len(slot_sizes), (1,), generator=generator))]
     p = (1 - eps) * float(torch.rand((), generator=generator)) + eps
     num_slots = -(-answer_length // slot_size)
@@ -82,7 +89,15 @@ def lay_out(
     mask_id: int,
     draft_ids: Sequence[int] = (),
 ) -> dict[str, list]:
-    """One example in ReFusion order: input_ids, position_ids, labels and loss_weights."""
+    """One example in ReFusion order: input_ids, position_ids, labels and loss_weights.
+
+    Args:
+        prompt_ids (Sequence[int]): the prompt's tokens.
+        answer_ids (Sequence[int]): the answer's tokens.
+        draw (SlotDraw): the slot size, masked slots and clean order drawn for it.
+        mask_id (int): the mask token's id.
+        draft_ids (Sequence[int]): a draft's tokens after the prompt (draft refinement); empty: none.
+    """
     prefix = list(prompt_ids) + list(draft_ids)
     row = {
         "input_ids": prefix,
@@ -139,6 +154,12 @@ class RefusionCollator:
         return pad_rows([self.lay_out_example(e, generator) for e in examples], self.pad_token_id)
 
     def lay_out_example(self, example: dict[str, list[int]], generator: torch.Generator | None = None) -> dict[str, list]:
+        """One tokenized row, cut to `max_length`, laid out with a fresh draw.
+
+        Args:
+            example (dict[str, list[int]]): the row's `prompt_ids`, `answer_ids` and optional `draft_ids`.
+            generator (torch.Generator | None): the random stream; None: torch's global one.
+        """
         parts = [example["prompt_ids"], example.get("draft_ids") or [], example["answer_ids"]]
         if self.max_length is not None:
             parts = keep_start(parts, self.max_length)
@@ -148,12 +169,22 @@ class RefusionCollator:
 
 
 def batch_seed(seed: int, batch: int) -> int:
-    """A 63-bit seed for batch number `batch` of stream `seed` (int tuples hash the same in every process)."""
+    """A 63-bit seed for batch number `batch` of stream `seed` (int tuples hash the same in every process).
+
+    Args:
+        seed (int): the stream's seed.
+        batch (int): the batch's number.
+    """
     return hash((seed, batch)) % (1 << 63)
 
 
 def keep_start(parts: list[list[int]], max_length: int) -> list[list[int]]:
-    """Cut the concatenation of `parts` after `max_length` tokens, keeping each part's boundaries."""
+    """Cut the concatenation of `parts` after `max_length` tokens, keeping each part's boundaries.
+
+    Args:
+        parts (list[list[int]]): token lists, in order (prompt, draft, answer).
+        max_length (int): the tokens kept in all.
+    """
     kept, room = [], max_length
     for part in parts:
         kept.append(list(part[:room]))
@@ -162,7 +193,12 @@ def keep_start(parts: list[list[int]], max_length: int) -> list[list[int]]:
 
 
 def pad_rows(rows: list[dict[str, list]], pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Right-pad laid-out rows into tensors; padded positions keep counting (they are never attended)."""
+    """Right-pad laid-out rows into tensors; padded positions keep counting (they are never attended).
+
+    Args:
+        rows (list[dict[str, list]]): laid-out rows (`lay_out`).
+        pad_token_id (int): the id padding is written with.
+    """
     width = max(len(r["input_ids"]) for r in rows)
     batch = {"input_ids": [], "attention_mask": [], "position_ids": [], "labels": [], "loss_weights": []}
     for r in rows:
@@ -177,7 +213,13 @@ def pad_rows(rows: list[dict[str, list]], pad_token_id: int) -> dict[str, torch.
 
 def weighted_token_losses(logits: torch.Tensor, labels: torch.Tensor, loss_weights: torch.Tensor) -> torch.Tensor:
     """weight x cross-entropy of each position against its own label (labels are already
-    aligned with the positions that predict them: no shift), in float32; 0 where ignored."""
+    aligned with the positions that predict them: no shift), in float32; 0 where ignored.
+
+    Args:
+        logits (torch.Tensor): [B, L, V] the model's logits.
+        labels (torch.Tensor): [B, L] each position's target, IGNORE_INDEX where none.
+        loss_weights (torch.Tensor): [B, L] each position's weight.
+    """
     losses = F.cross_entropy(
         logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
     )
@@ -185,13 +227,24 @@ def weighted_token_losses(logits: torch.Tensor, labels: torch.Tensor, loss_weigh
 
 
 def mean_over_examples(weighted: torch.Tensor, loss_weights: torch.Tensor) -> torch.Tensor:
-    """Sum per example, mean over the examples that have a target (a fully cut answer has none)."""
+    """Sum per example, mean over the examples that have a target (a fully cut answer has none).
+
+    Args:
+        weighted (torch.Tensor): [B, L] weighted token losses.
+        loss_weights (torch.Tensor): [B, L] the weights (an example with none above 0 has no target).
+    """
     examples = (loss_weights > 0).any(dim=-1).sum().clamp(min=1)
     return weighted.sum() / examples
 
 
 def refusion_loss(logits: torch.Tensor, labels: torch.Tensor, loss_weights: torch.Tensor) -> torch.Tensor:
-    """The ReFusion loss of a batch laid out by `RefusionCollator` (see the module docstring)."""
+    """The ReFusion loss of a batch laid out by `RefusionCollator` (see the module docstring).
+
+    Args:
+        logits (torch.Tensor): [B, L, V] the model's logits.
+        labels (torch.Tensor): [B, L] each position's target, IGNORE_INDEX where none.
+        loss_weights (torch.Tensor): [B, L] each position's weight.
+    """
     return mean_over_examples(weighted_token_losses(logits, labels, loss_weights), loss_weights)
 
 
@@ -200,7 +253,13 @@ def add_trainable_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerB
     train beside the adapter (PEFT trainable tokens: only those rows are trained and saved).
     The output rows train too unless tied to the input ones: the model learns never to
     predict a mask, and a reloaded adapter gives them its own values, not a fresh init.
-    A ReFusion model already has both tokens: nothing is added, LoRA alone trains, as upstream."""
+    A ReFusion model already has both tokens: nothing is added, LoRA alone trains, as upstream.
+
+    Args:
+        model (PreTrainedModel): the base model, before the adapter is added.
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        lora (LoraConfig): the adapter's config, given the trainable token rows.
+    """
     added = add_refusion_tokens(model, tokenizer)
     if added:
         rows = {_module_name(model, model.get_input_embeddings()): added}
@@ -232,6 +291,14 @@ class RefusionTrainer(SFTTrainer):
     loss_is_scaled_for_ga = False  # a mean per micro-batch: Trainer divides by the accumulation steps
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The ReFusion loss of the batch; logs its clean and masked parts.
+
+        Args:
+            model (torch.nn.Module): the wrapped model.
+            inputs (dict[str, torch.Tensor]): the collated batch, with `labels` and `loss_weights`.
+            return_outputs (bool): whether to return the model's outputs with the loss.
+            num_items_in_batch (int | torch.Tensor | None): unused: the loss is a mean over examples.
+        """
         labels, weights = inputs.pop("labels"), inputs.pop("loss_weights")
         outputs = model(**inputs, use_cache=False)
         weighted = weighted_token_losses(outputs.logits, labels, weights)
@@ -245,7 +312,12 @@ class RefusionTrainer(SFTTrainer):
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         """On resume, continue the layout draws after the batches the checkpoint trained on
-        (transformers skips those batches without collating them)."""
+        (transformers skips those batches without collating them).
+
+        Args:
+            resume_from_checkpoint (str | Path | bool | None): the checkpoint to resume, as `Trainer.train` takes it.
+            kwargs (Any): passed on to `Trainer.train`.
+        """
         if isinstance(resume_from_checkpoint, (str, Path)):
             state = TrainerState.load_from_json(str(Path(resume_from_checkpoint) / TRAINER_STATE_NAME))
             self.data_collator.batches = state.global_step * self.args.gradient_accumulation_steps
@@ -253,7 +325,12 @@ class RefusionTrainer(SFTTrainer):
 
     def evaluate(self, *args, **kwargs):
         """Every evaluation draws the same layouts (its losses compare across steps), then
-        training continues its own draws."""
+        training continues its own draws.
+
+        Args:
+            args (Any): passed on to `Trainer.evaluate`.
+            kwargs (Any): passed on to `Trainer.evaluate`.
+        """
         collator = self.data_collator
         next_training_batch, collator.batches = collator.batches, EVAL_FIRST_BATCH
         try:

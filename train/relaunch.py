@@ -55,7 +55,12 @@ RESUMABLE_KEYS = (
 
 
 def recipe_differences(saved: TrainRecipe, recipe: TrainRecipe) -> dict[str, tuple[Any, Any]]:
-    """Keys whose values differ between two recipes, `RESUMABLE_KEYS` aside: {key: (saved, new)}."""
+    """Keys whose values differ between two recipes, `RESUMABLE_KEYS` aside: {key: (saved, new)}.
+
+    Args:
+        saved (TrainRecipe): the run's saved recipe.
+        recipe (TrainRecipe): the recipe of this launch.
+    """
     old, new = canonical_keys(config_to_dict(saved)), canonical_keys(config_to_dict(recipe))
     return {key: (old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys())
             if key not in RESUMABLE_KEYS and old.get(key) != new.get(key)}
@@ -63,7 +68,11 @@ def recipe_differences(saved: TrainRecipe, recipe: TrainRecipe) -> dict[str, tup
 
 def canonical_keys(values: dict[str, Any]) -> dict[str, Any]:
     """`flat_keys`, with the system message setting in its canonical spelling (a run saved
-    with the old `incomplete_request` is the same recipe as one saying `incomplete`)."""
+    with the old `incomplete_request` is the same recipe as one saying `incomplete`).
+
+    Args:
+        values (dict[str, Any]): a recipe as a nested dict.
+    """
     flat = flat_keys(values)
     if isinstance(flat.get("data.system_message"), str):
         flat["data.system_message"] = canonical_system_setting(flat["data.system_message"])
@@ -71,6 +80,12 @@ def canonical_keys(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def flat_keys(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested dict flattened to dotted keys (`training.max_length`).
+
+    Args:
+        values (dict[str, Any]): the nested dict.
+        prefix (str): put before every key.
+    """
     flat: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, dict):
@@ -86,7 +101,12 @@ def check_run_dir(output_dir: str | Path, recipe: TrainRecipe) -> dict[str, tupl
     (config.yaml) differs on a key outside `RESUMABLE_KEYS`, one with checkpoints but
     no config.yaml, or any run at all when `run.resume` is false (a new run would
     overwrite and rotate away its checkpoints). Reads only. Returns the resumable keys
-    that changed, {key: (saved, new)}."""
+    that changed, {key: (saved, new)}.
+
+    Args:
+        output_dir (str | Path): the run directory.
+        recipe (TrainRecipe): the recipe of this launch.
+    """
     directory = Path(output_dir)
     # A directory headstart did not create is refused (headstart.run_dir); one without a
     # checkpoint or an adapter holds no run (a launch that failed early): a new one starts there.
@@ -121,14 +141,24 @@ def check_run_dir(output_dir: str | Path, recipe: TrainRecipe) -> dict[str, tupl
 
 
 def has_progress(directory: Path) -> bool:
-    """Whether a run directory holds a checkpoint or an adapter (else it holds no run)."""
+    """Whether a run directory holds a checkpoint or an adapter (else it holds no run).
+
+    Args:
+        directory (Path): the run directory.
+    """
     return any(CHECKPOINT_NAME.match(p.name) for p in directory.iterdir()) or (directory / "adapter").exists()
 
 
 def check_inputs(output_dir: str | Path, inputs: dict[str, str], resuming: bool) -> dict[str, str | None]:
     """Refuse to resume a run on other data or another base model than it was trained on
     (`inputs`: INPUT_KEYS -> content fingerprint); a record without them vouches for nothing and
-    is refused too. Reads only; returns what the run record is to keep."""
+    is refused too. Reads only; returns what the run record is to keep.
+
+    Args:
+        output_dir (str | Path): the run directory.
+        inputs (dict[str, str]): INPUT_KEYS -> the content fingerprints of this launch's data and model.
+        resuming (bool): whether the launch continues a run.
+    """
     if not resuming:
         return dict(inputs)
     directory = Path(output_dir)
@@ -146,5 +176,10 @@ def check_inputs(output_dir: str | Path, inputs: dict[str, str], resuming: bool)
 
 def mark_run(output_dir: str | Path, inputs: dict[str, str | None]) -> None:
     """Write the run record (main process, before anything else of the run): the directory
-    is headstart's, and what the run is trained from."""
+    is headstart's, and what the run is trained from.
+
+    Args:
+        output_dir (str | Path): the run directory.
+        inputs (dict[str, str | None]): INPUT_KEYS -> the content fingerprints the run is trained from.
+    """
     write_mark(output_dir, RUN_KIND, {"inputs": inputs})

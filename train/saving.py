@@ -16,10 +16,10 @@ def training_record(recipe: TrainRecipe, recipe_name: str, plan: BatchPlan, data
     """What an adapter (and its merged model) records of its training.
 
     Args:
-        recipe: the validated recipe.
-        recipe_name: its name.
-        plan: the batch plan of this launch.
-        data_record: what train/splits.py `load_data` records of the data.
+        recipe (TrainRecipe): the validated recipe.
+        recipe_name (str): its name.
+        plan (BatchPlan): the batch plan of this launch.
+        data_record (dict): what train/splits.py `load_data` records of the data.
     """
     return {"written_by": "train/sft.py", "recipe": recipe_name, "objective": recipe.objective,
             "base_model": recipe.model.name_or_path, "system_message_setting": recipe.data.system_message,
@@ -35,12 +35,12 @@ def save_final(trainer: SFTTrainer, tokenizer, output_dir: Path, recipe: TrainRe
     any collective timeout.
 
     Args:
-        trainer: the trainer that trained the adapter.
-        tokenizer: the tokenizer the adapter was trained with.
-        output_dir: the run directory (`adapter/` and `merged/` go under it).
-        recipe: the validated recipe (`run.merge`).
-        state: this process's accelerate state.
-        record: the training record (`training_record`).
+        trainer (SFTTrainer): the trainer that trained the adapter.
+        tokenizer (PreTrainedTokenizerBase): the tokenizer the adapter was trained with.
+        output_dir (Path): the run directory (`adapter/` and `merged/` go under it).
+        recipe (TrainRecipe): the validated recipe (`run.merge`).
+        state (PartialState): this process's accelerate state.
+        record (dict | None): the training record (`training_record`).
     """
     adapter_dir = output_dir / "adapter"
     trainer.save_model(str(adapter_dir))

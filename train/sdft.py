@@ -64,7 +64,16 @@ def sdft_fields() -> set[str]:
 def sdft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
                 placement: tuple[int, str] | None = None) -> SDFTConfig:
     """TRL's SDFTConfig: the `training:` section and the batch plan as for SFTConfig
-    (train/sft_config.py `trainer_arguments`), the `sdft:` section, and the teacher and prompt settings above."""
+    (train/sft_config.py `trainer_arguments`), the `sdft:` section, and the teacher and prompt settings above.
+
+    Args:
+        recipe (TrainRecipe): the validated recipe.
+        recipe_name (str): its name, for the run name.
+        output_dir (Path): the run directory.
+        world_size (int): the processes of this launch.
+        evaluate (bool): whether there is an evaluation split to evaluate on.
+        placement (tuple[int, str] | None): the node's usable GPUs and this process's device (default: this process's).
+    """
     plan, s = batch_plan(recipe, world_size), recipe.sdft
     if plan.effective % s.num_generations:
         raise RecipeValueError(
@@ -92,7 +101,14 @@ def sdft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_s
 
 def sdft_row(example: dict, tokenizer, family: Family, system_message: str | None) -> dict:
     """TRL's columns of one row: `prompt`, the dialogue up to S_i (conversational), and the rest
-    of the request S_n - S_i; and the teacher prompt's length in tokens."""
+    of the request S_n - S_i; and the teacher prompt's length in tokens.
+
+    Args:
+        example (dict): one row, with its complete request.
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        family (Family): the model's prompt family.
+        system_message (str | None): the resolved system turn: KEEP_ROWS, None (no system turn) or its text.
+    """
     messages = with_system(dialogue(example), system_message)
     prompt = messages[:streamed_turn(messages) + 1]
     rest = example[FULL_REQUEST][len(prompt[-1]["content"]):]
@@ -103,7 +119,16 @@ def sdft_row(example: dict, tokenizer, family: Family, system_message: str | Non
 def sdft_rows(dataset: Dataset, tokenizer, family: Family, system_message: str | None, recipe: TrainRecipe,
               split: str) -> Dataset:
     """The split as SDFTTrainer reads it (`prompt`, `privileged_context`), without the rows
-    whose teacher prompt and draft would not fit in `training.max_length`."""
+    whose teacher prompt and draft would not fit in `training.max_length`.
+
+    Args:
+        dataset (Dataset): the split's rows.
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        family (Family): the model's prompt family.
+        system_message (str | None): the resolved system turn: KEEP_ROWS, None (no system turn) or its text.
+        recipe (TrainRecipe): the training recipe (`training.max_length`).
+        split (str): the split's name, for messages.
+    """
     if FULL_REQUEST not in dataset.column_names:
         raise ValueError(
             f"objective: sdft needs the complete request of every row in a `{FULL_REQUEST}` column (the teacher's "
@@ -126,13 +151,25 @@ def sdft_rows(dataset: Dataset, tokenizer, family: Family, system_message: str |
 
 def chat_template_kwargs(tokenizer, family: Family) -> dict:
     """What `headstart.prompts.render_prompt` passes to apply_chat_template beside the dialogue
-    (`check_rendering` proves the ids equal)."""
+    (`check_rendering` proves the ids equal).
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        family (Family): the model's prompt family.
+    """
     extra = {"enable_thinking": False} if family == "qwen3" else {}
     return {"chat_template": tokenizer.chat_template or CHATML_TEMPLATE, **extra}
 
 
 def sdft_trainer(*, args: SDFTConfig, processing_class, data_collator=None, **kwargs) -> SDFTTrainer:
-    """TRL's SDFTTrainer (its own batches: no collator), rendering as the evaluator does."""
+    """TRL's SDFTTrainer (its own batches: no collator), rendering as the evaluator does.
+
+    Args:
+        args (SDFTConfig): TRL's config of the run.
+        processing_class (PreTrainedTokenizerBase): the model's tokenizer.
+        data_collator (Any): must be None: SDFT builds its own batches.
+        kwargs (Any): passed on to SDFTTrainer (`train_dataset` among them).
+    """
     if data_collator is not None:
         raise ValueError("objective: sdft builds its batches from TRL's drafts; it takes no collator")
     family = detect_family(processing_class)
@@ -143,12 +180,23 @@ def sdft_trainer(*, args: SDFTConfig, processing_class, data_collator=None, **kw
 
 
 def teacher_prompt(trainer: SDFTTrainer, row: dict) -> list[dict]:
-    """The teacher's dialogue TRL composes from one row."""
+    """The teacher's dialogue TRL composes from one row.
+
+    Args:
+        trainer (SDFTTrainer): the trainer whose teacher context composes it.
+        row (dict): one row of `sdft_rows`.
+    """
     return trainer.teacher_context_builder._compose_teacher_prompt(row["prompt"], row[PRIVILEGED])
 
 
 def check_rendering(trainer: SDFTTrainer, dataset: Dataset, family: Family) -> None:
-    """TRL's student and teacher prompt ids on the first rows are the evaluator's ids of S_i and S_n."""
+    """TRL's student and teacher prompt ids on the first rows are the evaluator's ids of S_i and S_n.
+
+    Args:
+        trainer (SDFTTrainer): the trainer built.
+        dataset (Dataset): the training rows (`sdft_rows`).
+        family (Family): the model's prompt family.
+    """
     tokenizer = trainer.processing_class
     for number, row in enumerate(dataset.select(range(min(RENDERING_CHECKED_ROWS, len(dataset)))), 1):
         prompt = row["prompt"]

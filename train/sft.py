@@ -44,13 +44,23 @@ from train.tracking import ResolvedConfigToWandb, configure_trackers, finish_tra
 
 
 def say(state: PartialState, *lines: str) -> None:
-    """Print on the main process alone."""
+    """Print on the main process alone.
+
+    Args:
+        state (PartialState): the process group's state.
+        lines (str): the lines to print.
+    """
     if state.is_main_process:
         for line in lines:
             print(line, flush=True)
 
 
 def main(argv: list[str]) -> None:
+    """Train one recipe: set up, load data and model, train, save the adapter (and merge it).
+
+    Args:
+        argv (list[str]): `recipe=NAME` and `key=value` overrides.
+    """
     # --- Setup: stack, recipe, device, run directory, process group, batch plan, resume, TRL's checks
     check_transformers_version(metadata.version("transformers"))
     recipe, recipe_name = parse_recipe(argv)

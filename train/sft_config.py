@@ -133,7 +133,7 @@ def check_training_section(training: dict[str, Any]) -> None:
     value of another type than the field's: TRL would take it and fail later, or far from the key.
 
     Args:
-        training: the recipe's `training:` section, its defaults merged.
+        training (dict[str, Any]): the recipe's `training:` section, its defaults merged.
     """
     for key, value in training.items():
         if key in DERIVED:
@@ -210,12 +210,12 @@ def trainer_arguments(recipe: TrainRecipe, recipe_name: str, output_dir: Path, w
     collator lays them out; refusion also hands TRL the model already loaded).
 
     Args:
-        recipe: the validated recipe.
-        recipe_name: its name, for the run name.
-        output_dir: the run directory.
-        world_size: the processes of this launch.
-        evaluate: whether there is an evaluation split to evaluate on.
-        placement: the node's usable GPUs and this process's device (default: this process's).
+        recipe (TrainRecipe): the validated recipe.
+        recipe_name (str): its name, for the run name.
+        output_dir (Path): the run directory.
+        world_size (int): the processes of this launch.
+        evaluate (bool): whether there is an evaluation split to evaluate on.
+        placement (tuple[int, str] | None): the node's usable GPUs and this process's device (default: this process's).
     """
     t = recipe.training
     plan = batch_plan(recipe, world_size)
@@ -244,7 +244,16 @@ def trainer_arguments(recipe: TrainRecipe, recipe_name: str, output_dir: Path, w
 def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
                placement: tuple[int, str] | None = None) -> HeadstartSFTConfig:
     """The `HeadstartSFTConfig` of `trainer_arguments` (same arguments); a value TRL refuses is its own
-    error, in one line."""
+    error, in one line.
+
+    Args:
+        recipe (TrainRecipe): the validated recipe.
+        recipe_name (str): its name, for the run name.
+        output_dir (Path): the run directory.
+        world_size (int): the processes of this launch.
+        evaluate (bool): whether there is an evaluation split to evaluate on.
+        placement (tuple[int, str] | None): the node's usable GPUs and this process's device (default: this process's).
+    """
     try:
         return HeadstartSFTConfig(**trainer_arguments(recipe, recipe_name, output_dir, world_size, evaluate, placement))
     except (ValueError, TypeError) as error:

@@ -19,8 +19,8 @@ def training_family(tokenizer, recipe: TrainRecipe) -> Family:
     adapter's tokenizer has them, so evaluation renders it as ReFusion).
 
     Args:
-        tokenizer: the base model's tokenizer.
-        recipe: the validated recipe.
+        tokenizer (PreTrainedTokenizerBase): the base model's tokenizer.
+        recipe (TrainRecipe): the validated recipe.
     """
     family = detect_family(tokenizer)
     return "refusion" if recipe.objective == "refusion" and family == "qwen3" else family
@@ -33,10 +33,10 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState,
     the one trained are refused (`data.answers_from_other_model`).
 
     Args:
-        recipe: the validated recipe.
-        tokenizer: the base model's tokenizer.
-        state: this process's accelerate state.
-        system: the system message the rows are trained with (None: the template's default).
+        recipe (TrainRecipe): the validated recipe.
+        tokenizer (PreTrainedTokenizerBase): the base model's tokenizer.
+        state (PartialState): this process's accelerate state.
+        system (str | None): the system message the rows are trained with (None: the template's default).
     """
     family, data = training_family(tokenizer, recipe), recipe.data
     sdft = recipe.objective == "sdft"  # trains on its own drafts: the rows' answers, whoever wrote them, unused

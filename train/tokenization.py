@@ -28,12 +28,22 @@ KEEP_ROWS = "\x00keep the rows' own system turns"  # a string: it survives datas
 
 def resolve_training_system(setting: str, model_source: str | None) -> str | None:
     """The system turn training gives every row: KEEP_ROWS for `dataset`, else the text of
-    `headstart.prompts.resolve_system_message` (None: no system turn)."""
+    `headstart.prompts.resolve_system_message` (None: no system turn).
+
+    Args:
+        setting (str): `data.system_message`: a setting name or the text itself.
+        model_source (str | None): the model's name or path (for a model's own default); None: unknown.
+    """
     return KEEP_ROWS if setting == "dataset" else resolve_system_message(setting, model_source)
 
 
 def with_system(messages: list[dict[str, str]], system: str | None) -> list[dict[str, str]]:
-    """The dialogue with its system turn replaced as resolved: kept (KEEP_ROWS), removed (None) or set."""
+    """The dialogue with its system turn replaced as resolved: kept (KEEP_ROWS), removed (None) or set.
+
+    Args:
+        messages (list[dict[str, str]]): the dialogue.
+        system (str | None): the resolved system turn: KEEP_ROWS, None (no system turn) or its text.
+    """
     if system == KEEP_ROWS:
         return messages
     rest = [m for m in messages if m["role"] != "system"]
@@ -41,7 +51,11 @@ def with_system(messages: list[dict[str, str]], system: str | None) -> list[dict
 
 
 def rows_system_messages(dataset: Dataset) -> set[str | None]:
-    """The distinct system messages the rows carry themselves (None: a row without one)."""
+    """The distinct system messages the rows carry themselves (None: a row without one).
+
+    Args:
+        dataset (Dataset): the training rows.
+    """
     if "messages" not in dataset.column_names:
         return {None}
     found: set[str | None] = set()
@@ -53,7 +67,12 @@ def rows_system_messages(dataset: Dataset) -> set[str | None]:
 
 def trained_system_record(system: str | None, dataset: Dataset) -> dict:
     """What the adapter records of its system message (headstart.json): the text, or for rows
-    keeping their own, the one they share; `system_message_varies` when they differ."""
+    keeping their own, the one they share; `system_message_varies` when they differ.
+
+    Args:
+        system (str | None): the resolved system turn: KEEP_ROWS, None (no system turn) or its text.
+        dataset (Dataset): the training rows.
+    """
     if system != KEEP_ROWS:
         return {"system_message": system}
     found = rows_system_messages(dataset)
@@ -66,7 +85,13 @@ def split_prompt_answer(
 ) -> tuple[str, str]:
     """(prompt text up to the answer, answer text with its end-of-turn markers). ReFusion's
     answer is its text and the EOS token, as upstream trains it (ML-GSAI/ReFusion train.py:
-    the generation prompt, then the encoded response and eos_token_id)."""
+    the generation prompt, then the encoded response and eos_token_id).
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        messages (list[dict[str, str]]): the dialogue, ending with the assistant's answer.
+        family (Family): the model's prompt family.
+    """
     if not messages or messages[-1]["role"] != "assistant":
         raise ValueError("each training dialogue must end with an assistant turn")
     prompt = render_prompt(tokenizer, messages[:-1], family, add_generation_prompt=True)
@@ -83,7 +108,11 @@ def split_prompt_answer(
 
 def dialogue(example: dict) -> list[dict[str, str]]:
     """The row as a dialogue: its `messages`, or a ReFusion row's `query` and `response`
-    as one user and one assistant turn (the system turn is set by `with_system`)."""
+    as one user and one assistant turn (the system turn is set by `with_system`).
+
+    Args:
+        example (dict): one row.
+    """
     if "messages" in example:
         return example["messages"]
     return [{"role": "user", "content": example["query"]}, {"role": "assistant", "content": example["response"]}]
@@ -96,7 +125,14 @@ def _ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 def tokenize_parts(
     example: dict, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str | None
 ) -> dict[str, list[int]]:
-    """prompt_ids, draft_ids (empty without a draft) and answer_ids of one row, each tokenized apart."""
+    """prompt_ids, draft_ids (empty without a draft) and answer_ids of one row, each tokenized apart.
+
+    Args:
+        example (dict): one row.
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        family (Family): the model's prompt family.
+        system_message (str | None): the resolved system turn: KEEP_ROWS, None (no system turn) or its text.
+    """
     messages = with_system(dialogue(example), system_message)
     prompt, answer = split_prompt_answer(tokenizer, messages, family)
     return {
@@ -109,7 +145,14 @@ def tokenize_parts(
 def tokenize_example(
     example: dict, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str | None
 ) -> dict[str, list[int]]:
-    """input_ids and completion_mask (1 on answer tokens) for one dialogue."""
+    """input_ids and completion_mask (1 on answer tokens) for one dialogue.
+
+    Args:
+        example (dict): one row.
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        family (Family): the model's prompt family.
+        system_message (str | None): the resolved system turn: KEEP_ROWS, None (no system turn) or its text.
+    """
     parts = tokenize_parts(example, tokenizer, family, system_message)
     prompt_ids, answer_ids = parts["prompt_ids"], parts["answer_ids"]
     return {"input_ids": prompt_ids + answer_ids, "completion_mask": [0] * len(prompt_ids) + [1] * len(answer_ids)}
@@ -119,7 +162,11 @@ FULL_REQUEST = "full_request"
 
 
 def streamed_turn(messages: list[dict[str, str]]) -> int:
-    """Index of the streamed user turn: the one the answer answers (the turn before it)."""
+    """Index of the streamed user turn: the one the answer answers (the turn before it).
+
+    Args:
+        messages (list[dict[str, str]]): the dialogue, ending with the answer.
+    """
     if len(messages) < 2 or messages[-2]["role"] != "user":
         raise ValueError("the answer must follow the streamed user turn (the prefix S_i)")
     return len(messages) - 2
@@ -127,7 +174,11 @@ def streamed_turn(messages: list[dict[str, str]]) -> int:
 
 def teacher_dialogue(example: dict) -> list[dict[str, str]]:
     """The row's dialogue with the streamed user turn S_i replaced by the complete request S_n:
-    same system turn, same history, same answer."""
+    same system turn, same history, same answer.
+
+    Args:
+        example (dict): one row, with its complete request.
+    """
     messages = [dict(turn) for turn in dialogue(example)]
     messages[streamed_turn(messages)]["content"] = example[FULL_REQUEST]
     return messages
@@ -135,7 +186,12 @@ def teacher_dialogue(example: dict) -> list[dict[str, str]]:
 
 def check_full_requests(dataset: Dataset, split: str) -> None:
     """`objective: distill`: every row holds its complete request S_n, and its streamed
-    user turn S_i is a prefix of it (PROTOCOL: S_i = s_1 + ... + s_i). Run after `check_rows`."""
+    user turn S_i is a prefix of it (PROTOCOL: S_i = s_1 + ... + s_i). Run after `check_rows`.
+
+    Args:
+        dataset (Dataset): the split's rows.
+        split (str): the split's name, for the message.
+    """
     fields = [FULL_REQUEST, "messages" if "messages" in dataset.column_names else "query"]
     for number, row in enumerate(dataset.select_columns(fields), 1):
         where = f"{split} row {number} (counting from 1)"
@@ -157,7 +213,12 @@ def check_full_requests(dataset: Dataset, split: str) -> None:
 
 
 def require_full_request(dataset: Dataset, split: str) -> None:
-    """The column `objective: distill` adds, named before anything else is checked."""
+    """The column `objective: distill` adds, named before anything else is checked.
+
+    Args:
+        dataset (Dataset): the split's rows.
+        split (str): the split's name, for the message.
+    """
     if FULL_REQUEST not in dataset.column_names:
         raise ValueError(
             f"objective: distill needs the complete request of every row in a `{FULL_REQUEST}` column (the "
@@ -170,7 +231,14 @@ def tokenize_distill(
     example: dict, tokenizer: PreTrainedTokenizerBase, family: Family, system_message: str | None
 ) -> dict[str, list[int]]:
     """prompt_ids (the student's prompt, S_i), teacher_prompt_ids (the same dialogue with S_n)
-    and answer_ids (the one answer both are scored on), each tokenized apart."""
+    and answer_ids (the one answer both are scored on), each tokenized apart.
+
+    Args:
+        example (dict): one row, with its complete request.
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        family (Family): the model's prompt family.
+        system_message (str | None): the resolved system turn: KEEP_ROWS, None (no system turn) or its text.
+    """
     student = with_system(dialogue(example), system_message)
     teacher = with_system(teacher_dialogue(example), system_message)
     prompt, answer = split_prompt_answer(tokenizer, student, family)
@@ -195,7 +263,15 @@ def tokenize_dataset(
     refusion gives the parts the ReFusion collator lays out (prompt_ids, draft_ids, answer_ids);
     distill the parts of the student and teacher sequences (prompt_ids, teacher_prompt_ids, answer_ids).
     `system_message`: what `resolve_training_system` returned, or a setting name (resolved
-    here, without a model directory); any other text is the system message itself."""
+    here, without a model directory); any other text is the system message itself.
+
+    Args:
+        dataset (Dataset): the split's rows.
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        family (Family): the model's prompt family.
+        system_message (str | None): the resolved system turn, or a setting name (see above).
+        objective (str): "sft", "refusion" or "distill".
+    """
     if system_message in SYSTEM_SETTINGS or system_message in SYSTEM_ALIASES:
         system_message = resolve_training_system(system_message, None)
     columns = dataset.column_names
@@ -219,7 +295,11 @@ def tokenize_dataset(
 
 def answer_starts(dataset: Dataset) -> list[int]:
     """Index of each row's first answer token in the sequence the model sees (for distill,
-    in the longer of the student and teacher sequences: both must keep it)."""
+    in the longer of the student and teacher sequences: both must keep it).
+
+    Args:
+        dataset (Dataset): the tokenized rows.
+    """
     if "completion_mask" in dataset.column_names:
         return [mask.index(1) if 1 in mask else len(mask) for mask in dataset["completion_mask"]]
     if "teacher_prompt_ids" in dataset.column_names:
@@ -228,7 +308,13 @@ def answer_starts(dataset: Dataset) -> list[int]:
 
 
 def check_fits(dataset: Dataset, max_length: int, split: str) -> None:
-    """Fail clearly when truncation to `max_length` would leave no answer token to learn from."""
+    """Fail clearly when truncation to `max_length` would leave no answer token to learn from.
+
+    Args:
+        dataset (Dataset): the tokenized rows.
+        max_length (int): `training.max_length`.
+        split (str): the split's name, for the message.
+    """
     starts = answer_starts(dataset)
     kept = sum(start < max_length for start in starts)
     if kept == 0:

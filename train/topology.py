@@ -64,7 +64,11 @@ def uses_deepspeed() -> bool:
 
 
 def launch_topology(world_size: int) -> Topology:
-    """The topology of this launch, known before the trainer exists (accelerate's environment)."""
+    """The topology of this launch, known before the trainer exists (accelerate's environment).
+
+    Args:
+        world_size (int): the processes of this launch.
+    """
     if uses_deepspeed():
         return Topology(world_size, "deepspeed", deepspeed_zero_stage())
     return Topology(world_size, "torch")
@@ -72,7 +76,11 @@ def launch_topology(world_size: int) -> Topology:
 
 def checkpoint_topology(checkpoint: Path) -> tuple[Topology | None, dict | None]:
     """(topology, batch plan) a checkpoint was written with: its record, else read off its files
-    (checkpoints written before records existed: no plan); (None, None) when neither tells."""
+    (checkpoints written before records existed: no plan); (None, None) when neither tells.
+
+    Args:
+        checkpoint (Path): the checkpoint's directory.
+    """
     record = checkpoint / TOPOLOGY_FILE
     if record.is_file():
         saved = read_json_file(record)
@@ -90,7 +98,13 @@ def checkpoint_topology(checkpoint: Path) -> tuple[Topology | None, dict | None]
 
 def check_resume(checkpoint: Path, current: Topology, recipe: TrainRecipe) -> list[str]:
     """Refuse a relaunch that cannot continue `checkpoint` (see the module's doc); returns
-    notes to print for one that can but differs from the run that wrote it. Reads only."""
+    notes to print for one that can but differs from the run that wrote it. Reads only.
+
+    Args:
+        checkpoint (Path): the checkpoint to resume.
+        current (Topology): the topology of this launch.
+        recipe (TrainRecipe): the recipe of this launch.
+    """
     plan = batch_plan(recipe, current.world_size)
     saved, saved_plan = checkpoint_topology(checkpoint)
     if saved is None:

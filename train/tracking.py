@@ -34,7 +34,12 @@ def git_commit() -> str:
 
 
 def run_tags(recipe: TrainRecipe, recipe_name: str) -> list[str]:
-    """recipe, model and git commit, plus the recipe's own tags (W&B caps a tag at 64 chars)."""
+    """recipe, model and git commit, plus the recipe's own tags (W&B caps a tag at 64 chars).
+
+    Args:
+        recipe (TrainRecipe): the training recipe.
+        recipe_name (str): the recipe's name.
+    """
     model = Path(recipe.model.name_or_path.rstrip("/")).name or recipe.model.name_or_path
     tags = [f"recipe:{recipe_name}", f"model:{model}", f"git:{git_commit()}", *recipe.wandb.tags]
     return [tag.replace(",", "_")[:64] for tag in tags]
@@ -47,7 +52,11 @@ def hub_offline() -> bool:
 
 def wandb_run_id(output_dir: Path) -> str:
     """The W&B run id of this run directory: created by its first launch, read back by every
-    relaunch (a resume after a kill, a requeued Slurm job), so they all log to one W&B run."""
+    relaunch (a resume after a kill, a requeued Slurm job), so they all log to one W&B run.
+
+    Args:
+        output_dir (Path): the run directory.
+    """
     path = output_dir / WANDB_ID_FILE
     if path.is_file() and path.read_text().strip():
         return path.read_text().strip()
@@ -64,7 +73,14 @@ def configure_trackers(recipe: TrainRecipe, recipe_name: str, output_dir: Path, 
     without internet fails the run. The run keeps its W&B id in the run directory (resumed,
     never a second run) and is grouped by recipe unless WANDB_RUN_GROUP says otherwise. Only
     the main process opens a W&B run (transformers' WandbCallback logs on world rank 0), so
-    only it reads or writes the id."""
+    only it reads or writes the id.
+
+    Args:
+        recipe (TrainRecipe): the training recipe.
+        recipe_name (str): the recipe's name (the W&B group).
+        output_dir (Path): the run directory.
+        main_process (bool): whether this is the main process.
+    """
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(output_dir / "tensorboard"))
     if "wandb" not in (recipe.training["report_to"] or []):
         return
@@ -99,6 +115,14 @@ class ResolvedConfigToWandb(TrainerCallback):
         self.recipe_name = recipe_name
 
     def on_train_begin(self, args, state, control, **kwargs):
+        """Put the recipe's name and resolved values in the W&B run's config (main process).
+
+        Args:
+            args (TrainingArguments): the trainer's arguments.
+            state (TrainerState): the trainer's state (step, world rank).
+            control (TrainerControl): the trainer's flags, returned.
+            kwargs (Any): what the trainer passes besides (model, tokenizer, ...), unused.
+        """
         if not state.is_world_process_zero or "wandb" not in (args.report_to or []):
             return control
         import wandb

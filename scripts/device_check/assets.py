@@ -15,7 +15,11 @@ NEEDED = ("transformers", "trl", "peft", "accelerate", "deepspeed", "datasets", 
 
 def preflight(check: Check) -> list[str]:
     """The versions the check runs with, against the project's pins, and any requirement the installed
-    set does not meet; a missing package or (without --cpu) no CUDA is an error."""
+    set does not meet; a missing package or (without --cpu) no CUDA is an error.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+    """
     import torch
 
     pins = project_pins()
@@ -61,6 +65,11 @@ def project_pins() -> dict[str, str]:
 
 
 def installed_version(name: str) -> str | None:
+    """The installed version of a distribution, or None when it is not installed.
+
+    Args:
+        name (str): the distribution's name.
+    """
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -70,7 +79,11 @@ def installed_version(name: str) -> str | None:
 
 
 def unmet_requirements(names: tuple[str, ...]) -> list[str]:
-    """What `pip check` would say of `names` and everything they require, as installed here."""
+    """What `pip check` would say of `names` and everything they require, as installed here.
+
+    Args:
+        names (tuple[str, ...]): the distributions checked first.
+    """
     from importlib.metadata import PackageNotFoundError, distribution
 
     from packaging.requirements import Requirement
@@ -100,7 +113,11 @@ def unmet_requirements(names: tuple[str, ...]) -> list[str]:
 
 
 def prepare_assets(check: Check) -> None:
-    """The tiny Qwen3 and its tokenizer (tests/support/tiny_models.py) and the training data, once."""
+    """The tiny Qwen3 and its tokenizer (the test suite's `tiny_models`) and the training data, once.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+    """
     done = check.assets / "complete"
     if done.is_file():
         return
@@ -112,7 +129,7 @@ def prepare_assets(check: Check) -> None:
     build_tiny_model(check.model_dir, "qwen3", tokenizer)
     # MBPP's own solutions (vendored, `answers=reference`: answer_model is null, so training any model
     # on them is not distillation). embedded_prefix holds SmolLM2's answers and needs SmolLM2's
-    # tokenizer to render their prompts, and SmolLM2 (95 MB) cannot travel to the GPU machine.
+    # tokenizer to render their prompts, and SmolLM2's weights are too large to travel to the GPU machine.
     check.run([sys.executable, "-m", "data_builders", "recipe=smollm2_code_self", "name=device_check",
                "answers=reference", "sources=[mbpp]", f"tokenizer={check.model_dir}", "caps.max_pairs=64",
                f"output_dir={check.data_dir}", f"work_dir={check.assets / 'data.work'}"], check.assets / "data.log")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # The GPU machine runs a copy of the checkout where headstart is not installed; the tiny models
-# are the tests' own (tests/support).
+# are the test suite's own (its support folder).
 sys.path[:0] = [str(REPO), str(REPO / "tests" / "support")]
 KIND = "device-check"  # its headstart.run_dir mark
 DEFAULT_OUTPUT = "/tmp/headstart-device-check"
@@ -70,7 +70,11 @@ class Check:
         return self.assets / "data"
 
     def stage_dir(self, stage: str) -> Path:
-        """The stage's own directory, emptied first: a rerun replaces only its stage."""
+        """The stage's own directory, emptied first: a rerun replaces only its stage.
+
+        Args:
+            stage (str): the stage's name.
+        """
         directory = self.out / stage
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
@@ -86,7 +90,13 @@ class Check:
         return env
 
     def run(self, command: list[str], log: Path, timeout: int = 420) -> None:
-        """A command from the repository root, its output in `log`; a failure shows the log's end."""
+        """A command from the repository root, its output in `log`; a failure shows the log's end.
+
+        Args:
+            command (list[str]): the command and its arguments.
+            log (Path): the file its output is written to.
+            timeout (int): seconds it may run before it fails the stage.
+        """
         started = time.perf_counter()
         with log.open("w") as handle:
             try:
@@ -104,7 +114,12 @@ class Check:
 def claim_output_dir(out: Path, replace: bool) -> None:
     """Create `out` and mark it as the check's (headstart.run_dir). An existing one must be empty
     or hold the check's mark; `replace` (a full run) then empties it. Any other directory is
-    left untouched."""
+    left untouched.
+
+    Args:
+        out (Path): the check's output directory.
+        replace (bool): whether to empty a directory the check already owns.
+    """
     from headstart.run_dir import OutputDirError, check_output_dir, write_mark
 
     try:

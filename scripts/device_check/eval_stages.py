@@ -16,7 +16,15 @@ EVAL_REQUESTS = 6
 
 
 def evaluate(check: Check, loaded, output_dir: Path, device: str, *settings: str) -> list[dict]:
-    """A streaming evaluation of the tiny model on MT-Bench (`benchmark=chat`), its records."""
+    """A streaming evaluation of the tiny model on MT-Bench (`benchmark=chat`), its records.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+        loaded (LoadedModel): the tiny model, loaded once for every run of the stage.
+        output_dir (Path): the evaluation's output directory.
+        device (str): the device the evaluation runs on.
+        settings (str): more `key=value` settings of the evaluation.
+    """
     from eval.config import EvalConfig
     from eval.runner import run_evaluation
     from headstart.config import load_config
@@ -30,6 +38,11 @@ def evaluate(check: Check, loaded, output_dir: Path, device: str, *settings: str
 
 
 def median(values: list[float]) -> float:
+    """The median of `values` (the mean of the middle two when their count is even).
+
+    Args:
+        values (list[float]): the numbers, at least one.
+    """
     ordered = sorted(values)
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
@@ -37,7 +50,11 @@ def median(values: list[float]) -> float:
 
 def stage_timing(check: Check) -> list[Figure]:
     """The same requests timed with sync, events, then sync again: the repeat gives the run-to-run
-    noise that a difference between the two modes must exceed to mean anything."""
+    noise that a difference between the two modes must exceed to mean anything.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+    """
     from headstart.models import load_model
 
     directory = check.stage_dir("timing")
@@ -58,7 +75,12 @@ def stage_timing(check: Check) -> list[Figure]:
 
 
 def relative_gap(first: list[dict], second: list[dict]) -> float:
-    """Median over requests of |second - first| / first, in residual seconds."""
+    """Median over requests of |second - first| / first, in residual seconds.
+
+    Args:
+        first (list[dict]): one run's records.
+        second (list[dict]): another run's records, of the same requests in the same order.
+    """
     return median([abs(b["residual_seconds"] - a["residual_seconds"]) / max(a["residual_seconds"], 1e-9)
                    for a, b in zip(first, second)])
 
@@ -67,6 +89,11 @@ COUNTS = ("baseline_forwards", "residual_forwards", "drafting_forwards", "base_t
 
 
 def stage_stream(check: Check) -> list[Figure]:
+    """The same requests in fp32 on each device: answers identical to the baseline, and equal forward counts across devices.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+    """
     import torch
 
     from headstart.models import load_model
@@ -96,7 +123,12 @@ def stage_stream(check: Check) -> list[Figure]:
 
 
 def equal_counts(first: list[dict], second: list[dict]) -> int:
-    """Requests (matched by id) whose forward and token counts are the same in both runs."""
+    """Requests (matched by id) whose forward and token counts are the same in both runs.
+
+    Args:
+        first (list[dict]): one run's records.
+        second (list[dict]): another run's records.
+    """
     by_id = {r["request_id"]: tuple(r[k] for k in COUNTS) for r in second}
     return sum(by_id.get(r["request_id"]) == tuple(r[k] for k in COUNTS) for r in first)
 
@@ -123,7 +155,11 @@ class PolicyRun:
 
 def stage_identity(check: Check) -> list[Figure]:
     """The streamed answer and the drafter's D_n against the batch-1 baseline, in bf16 (on --cpu too: how
-    bf16 rounds on a CPU is a measurement too), for plain, lookup and token-tree regeneration on one loaded model."""
+    bf16 rounds on a CPU is a measurement too), for plain, lookup and token-tree regeneration on one loaded model.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+    """
     import torch
 
     from headstart.models import load_model
@@ -147,7 +183,11 @@ def stage_identity(check: Check) -> list[Figure]:
 @contextmanager
 def counting_tree_forwards(model) -> Iterator[list[int]]:
     """The widths (tree nodes) of `model`'s forwards that carry a 4D attention mask (one tensor, or one per
-    layer type): only a token-tree step passes one; batched drafting passes 2D padding masks, a chain none."""
+    layer type): only a token-tree step passes one; batched drafting passes 2D padding masks, a chain none.
+
+    Args:
+        model (torch.nn.Module): the model whose forwards are watched.
+    """
     widths: list[int] = []
 
     def note(_module, _args, kwargs) -> None:
@@ -163,6 +203,12 @@ def counting_tree_forwards(model) -> Iterator[list[int]]:
 
 
 def identity_figures(policy: str, run: PolicyRun) -> list[Figure]:
+    """A policy's figures: streamed answers and drafter D_n against the batch-1 baseline.
+
+    Args:
+        policy (str): the policy's name.
+        run (PolicyRun): its evaluation.
+    """
     return [
         Figure(f"{policy}: streamed answer identical to batch-1 baseline",
                measured_share(run.summary, "identical_measured", "identical_to_baseline"), MEASURED_IN_BF16),
@@ -172,7 +218,13 @@ def identity_figures(policy: str, run: PolicyRun) -> list[Figure]:
 
 
 def measured_share(summary: dict, count_key: str, share_key: str) -> str:
-    """"k/n compared" from a summary's count and share; says so when the evaluator did not report them."""
+    """"k/n compared" from a summary's count and share; says so when the evaluator did not report them.
+
+    Args:
+        summary (dict): an evaluation's summary.json.
+        count_key (str): the key of the count compared.
+        share_key (str): the key of the share that agreed.
+    """
     count = summary.get(count_key)
     if count is None:
         return f"not reported (summary.json has no {count_key}: an evaluator before issue 47)"
@@ -182,7 +234,11 @@ def measured_share(summary: dict, count_key: str, share_key: str) -> str:
 
 
 def compared_figure(runs: dict[str, PolicyRun]) -> Figure:
-    """Every request is timed here (timed_every=1), so each must have been compared token for token."""
+    """Every request is timed here (timed_every=1), so each must have been compared token for token.
+
+    Args:
+        runs (dict[str, PolicyRun]): each policy's evaluation, by name.
+    """
     counts = [run.summary.get("identical_measured") for run in runs.values()]
     records = [len(run.records) for run in runs.values()]
     value = " / ".join("not reported" if count is None else f"{count} of {total}" for count, total in zip(counts, records))
@@ -191,7 +247,11 @@ def compared_figure(runs: dict[str, PolicyRun]) -> Figure:
 
 
 def fast_path_figure(runs: dict[str, PolicyRun]) -> Figure:
-    """The drafter agreement means batched drafting only if the fast path computed the records."""
+    """The drafter agreement means batched drafting only if the fast path computed the records.
+
+    Args:
+        runs (dict[str, PolicyRun]): each policy's evaluation, by name.
+    """
     fast = [sum(r["engine"] == "fast" for r in run.records) for run in runs.values()]
     total = sum(len(run.records) for run in runs.values())
     return Figure("records from the fast path (drafts in padded batches)", f"{sum(fast)}/{total}", "all",
@@ -199,7 +259,12 @@ def fast_path_figure(runs: dict[str, PolicyRun]) -> Figure:
 
 
 def tree_figure(runs: dict[str, PolicyRun], attention: str | None) -> Figure:
-    """decode.lookup_tree=8 may propose single chains only; the tree policy is checked only if tree forwards ran."""
+    """decode.lookup_tree=8 may propose single chains only; the tree policy is checked only if tree forwards ran.
+
+    Args:
+        runs (dict[str, PolicyRun]): each policy's evaluation, by name.
+        attention (str | None): the attention implementation the model ran with, for the figure.
+    """
     counts = " / ".join(str(len(run.tree_widths)) for run in runs.values())
     widest = max(runs["tree"].tree_widths, default=0)
     ran = bool(runs["tree"].tree_widths) and not any(run.tree_widths for name, run in runs.items() if name != "tree")

@@ -9,9 +9,9 @@ from contextlib import contextmanager
 from device_check.base import Check, Figure
 
 # The memory stage builds the paper recipe's model (qwen3_prefix: Qwen3-8B) with random weights from
-# its config vendored in headstart/recipes/models/ (train/memory.py `vendored_config`). On CPU, Qwen3-8B in
-# fp32 (33 GB of weights) does not fit a 24 GB machine, and one of its layers at 2 x 128 tokens
-# takes 10 s a step on a core: the same code runs 2 layers a quarter as wide (head_dim 128 and the
+# its config vendored in headstart/recipes/models/ (train/memory.py `vendored_config`). On CPU, Qwen3-8B's
+# fp32 weights do not fit a small machine's memory, and a step of even one of its layers is slow
+# on a core: the same code runs 2 layers a quarter as wide (head_dim 128 and the
 # 4:1 grouping of query to KV heads kept) with a smaller vocabulary.
 MEMORY_RECIPE = "qwen3_prefix"
 CPU_SHAPE = dict(num_hidden_layers=2, hidden_size=1024, intermediate_size=3072, num_attention_heads=8,
@@ -20,6 +20,11 @@ CPU_SEQUENCE = 128
 
 
 def stage_memory(check: Check) -> list[Figure]:
+    """Memory and time of LoRA steps with activation checkpointing on and off, against the estimate.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+    """
     import torch
 
     from train.memory import estimate
@@ -60,7 +65,11 @@ def stage_memory(check: Check) -> list[Figure]:
 
 
 def paper_model_config(check: Check):
-    """MEMORY_RECIPE's recipe and its model's vendored config (train/memory.py), at CPU_SHAPE on --cpu."""
+    """MEMORY_RECIPE's recipe and its model's vendored config (train/memory.py), at CPU_SHAPE on --cpu.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+    """
     from train.memory import vendored_config
     from train.sft import parse_recipe
 
@@ -72,18 +81,29 @@ def paper_model_config(check: Check):
 
 
 def random_model(config, device: str):
-    """A random-init model of `config` built on `device` (bf16 on GPU, fp32 on CPU), seeded."""
+    """A random-init model of `config` built on `device` (bf16 on GPU, fp32 on CPU), seeded.
+
+    Args:
+        config (PretrainedConfig): the model's transformers config.
+        device (str): where the model is built.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    with torch.device(device):  # initialised where it runs: 16 GB never pass through host memory
+    with torch.device(device):  # initialised where it runs: an 8B model's weights never pass through host memory
         return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
 
 
 def shaped_lora_model(config, lora, device: str):
-    """A random-init model of `config` on `device` (random_model) with the recipe's LoRA."""
+    """A random-init model of `config` on `device` (random_model) with the recipe's LoRA.
+
+    Args:
+        config (PretrainedConfig): the model's transformers config.
+        lora (LoraConfig): the recipe's adapter config.
+        device (str): where the model is built.
+    """
     from peft import get_peft_model
 
     model = random_model(config, device)
@@ -94,7 +114,15 @@ def shaped_lora_model(config, lora, device: str):
 
 def lora_steps(model, ids, device: str, checkpointing: bool, steps: int = 2) -> tuple[float, float | None, float]:
     """Mean seconds of `steps` timed LoRA steps (after one untimed), the peak GPU memory (GiB; None
-    on CPU) and the activations autograd kept for backward in one forward (GiB)."""
+    on CPU) and the activations autograd kept for backward in one forward (GiB).
+
+    Args:
+        model (PeftModel): the model with its adapter.
+        ids (torch.Tensor): [B, L] the input ids of each step.
+        device (str): the device the steps run on.
+        checkpointing (bool): whether activation checkpointing is on.
+        steps (int): the timed steps.
+    """
     import torch
 
     from eval.engines.clock import Stopwatch
@@ -123,7 +151,13 @@ def lora_steps(model, ids, device: str, checkpointing: bool, steps: int = 2) -> 
 
 
 def step(model, optimizer, ids) -> None:
-    """One optimizer step, under bf16 autocast on GPU as the trainer's `bf16` runs it."""
+    """One optimizer step, under bf16 autocast on GPU as the trainer's `bf16` runs it.
+
+    Args:
+        model (PeftModel): the model with its adapter.
+        optimizer (torch.optim.Optimizer): the adapter's optimizer.
+        ids (torch.Tensor): [B, L] the input ids (their own labels).
+    """
     import torch
 
     with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=ids.device.type == "cuda"):
@@ -136,7 +170,11 @@ def step(model, optimizer, ids) -> None:
 @contextmanager
 def kept_for_backward(model) -> Iterator[list[int]]:
     """Bytes of the tensors autograd saves for backward (weights excluded, each storage once).
-    Inside a checkpointed layer the checkpoint's own hooks take over: what it drops is not counted."""
+    Inside a checkpointed layer the checkpoint's own hooks take over: what it drops is not counted.
+
+    Args:
+        model (torch.nn.Module): the model whose weights are left out of the count.
+    """
     import torch
 
     seen = {p.untyped_storage().data_ptr() for p in model.parameters()}

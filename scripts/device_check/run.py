@@ -52,6 +52,12 @@ STAGES: dict[str, Callable[[Check], list[Figure]]] = {
 
 
 def run_stage(check: Check, name: str) -> StageResult:
+    """Run one stage; its error, if any, is its result.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+        name (str): the stage's name in STAGES.
+    """
     print(f"=== {name}", flush=True)
     started = time.perf_counter()
     try:
@@ -71,7 +77,12 @@ def run_stage(check: Check, name: str) -> StageResult:
 
 
 def record_results(check: Check, results: list[StageResult]) -> dict[str, dict]:
-    """figures.json keeps every stage's latest result (a rerun of one stage replaces its entry)."""
+    """figures.json keeps every stage's latest result (a rerun of one stage replaces its entry).
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+        results (list[StageResult]): the stages just run.
+    """
     path = check.out / "figures.json"
     stored = json.loads(path.read_text()) if path.is_file() else {}
     stored.update({r.stage: asdict(r) for r in results})
@@ -81,6 +92,12 @@ def record_results(check: Check, results: list[StageResult]) -> dict[str, dict]:
 
 
 def figures_table(stored: dict[str, dict], device: str) -> str:
+    """The stored results as a Markdown table, one figure a row.
+
+    Args:
+        stored (dict[str, dict]): the stages' results, as figures.json keeps them.
+        device (str): the device, in the title.
+    """
     lines = [f"# Device check ({device})", "", "| stage | figure | value | compare with | |", "|---|---|---|---|---|"]
     for name, result in stored.items():
         for figure in result["figures"]:
@@ -93,10 +110,20 @@ def figures_table(stored: dict[str, dict], device: str) -> str:
 
 
 def cell(text: str) -> str:
+    """`text` safe in a Markdown table cell.
+
+    Args:
+        text (str): the cell's text.
+    """
     return text.replace("|", "\\|")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line's output directory, `--cpu` and `--stage` choices.
+
+    Args:
+        argv (list[str]): the command line.
+    """
     parser = argparse.ArgumentParser(prog="scripts/device_check.sh", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("output_dir", nargs="?", default=DEFAULT_OUTPUT,
@@ -107,6 +134,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the check's stages and write their table; returns the exit code.
+
+    Args:
+        argv (list[str] | None): the command line; None: `sys.argv[1:]`.
+    """
     args = parse_args(sys.argv[1:] if argv is None else argv)
     check = Check(Path(args.output_dir).expanduser().resolve(), args.cpu)
     if check.cpu:

@@ -20,7 +20,15 @@ RUN_KEYS = ("effective_batch_size", "keep_effective_batch", "resume", "merge")  
 
 def sft_command(check: Check, launcher: list[str], recipe: str, run_dir: Path, **training: object) -> list[str]:
     """`accelerate launch LAUNCHER train/sft.py` on the tiny model and the check's data; `training`: keys of
-    the recipe's `training:` (TRL SFTConfig) or `run:` section."""
+    the recipe's `training:` (TRL SFTConfig) or `run:` section.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+        launcher (list[str]): `accelerate launch`'s own arguments.
+        recipe (str): the recipe's name.
+        run_dir (Path): the run directory.
+        training (object): settings over the check's defaults.
+    """
     settings = dict(max_steps=6, save_steps=6, learning_rate=1e-2, effective_batch_size=4,
                     per_device_train_batch_size=2, max_length=512, report_to="[tensorboard]", merge="false",
                     bf16=str(not check.cpu).lower(), output_dir=str(run_dir))
@@ -31,6 +39,11 @@ def sft_command(check: Check, launcher: list[str], recipe: str, run_dir: Path, *
 
 
 def last_checkpoint(run_dir: Path) -> Path:
+    """The run's last complete checkpoint; a CheckError when it wrote none.
+
+    Args:
+        run_dir (Path): the run directory.
+    """
     from train.checkpoints import last_complete_checkpoint
 
     checkpoint = last_complete_checkpoint(run_dir)
@@ -40,12 +53,22 @@ def last_checkpoint(run_dir: Path) -> Path:
 
 
 def trainer_log(run_dir: Path) -> list[dict]:
-    """The per-step log of the run's last checkpoint (trainer_state.json)."""
+    """The per-step log of the run's last checkpoint (trainer_state.json).
+
+    Args:
+        run_dir (Path): the run directory.
+    """
     state = json.loads((last_checkpoint(run_dir) / "trainer_state.json").read_text())
     return [entry for entry in state["log_history"] if "loss" in entry]
 
 
 def loss_figures(run_dir: Path, steps: int) -> list[Figure]:
+    """The run's losses (all finite, one a step) and its time and throughput.
+
+    Args:
+        run_dir (Path): the run directory.
+        steps (int): the steps the run was to train.
+    """
     log = trainer_log(run_dir)
     losses = [entry["loss"] for entry in log]
     finite = len(losses) == steps and all(loss == loss and abs(loss) != float("inf") for loss in losses)
@@ -58,13 +81,22 @@ def loss_figures(run_dir: Path, steps: int) -> list[Figure]:
 
 
 def training_arguments(run_dir: Path):
-    """The arguments the trainer actually ran with (training_args.bin of the last checkpoint)."""
+    """The arguments the trainer actually ran with (training_args.bin of the last checkpoint).
+
+    Args:
+        run_dir (Path): the run directory.
+    """
     import torch
 
     return torch.load(last_checkpoint(run_dir) / "training_args.bin", weights_only=False)
 
 
 def stage_train(check: Check) -> list[Figure]:
+    """A short LoRA run in one process: finite losses, and the precision, checkpointing and logs it ran with.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+    """
     directory = check.stage_dir("train")
     run_dir = directory / "run"
     started = time.perf_counter()
@@ -85,6 +117,11 @@ def stage_train(check: Check) -> list[Figure]:
 
 
 def stage_zero3(check: Check) -> list[Figure]:
+    """A short LoRA run under DeepSpeed ZeRO-3, then its merge: merged and adapter-on logits must agree.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+    """
     directory = check.stage_dir("zero3")
     run_dir = directory / "run"
     launcher = ["--config_file", "headstart/recipes/accelerate/zero3.yaml", "--num_processes", "1"]
@@ -107,14 +144,23 @@ def stage_zero3(check: Check) -> list[Figure]:
 
 
 def merge_tolerance(dtype: str) -> float:
-    """The largest merged vs adapter-on logit difference, relative to the largest logit, that rounding in `dtype` explains."""
+    """The largest merged vs adapter-on logit difference, relative to the largest logit, that rounding in `dtype` explains.
+
+    Args:
+        dtype (str): the dtype's name (a key of MERGE_TOLERANCES).
+    """
     if dtype not in MERGE_TOLERANCES:
         raise ValueError(f"no merge tolerance for {dtype}: one of {', '.join(MERGE_TOLERANCES)}")
     return MERGE_TOLERANCES[dtype]
 
 
 def adapter_logits(check: Check, run_dir: Path):
-    """Logits (in MERGE_DTYPE) of the base, the base with the saved (ZeRO-3-gathered) adapter, and the merged model."""
+    """Logits (in MERGE_DTYPE) of the base, the base with the saved (ZeRO-3-gathered) adapter, and the merged model.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+        run_dir (Path): the ZeRO-3 run's directory.
+    """
     import torch
 
     from headstart.models import load_model
@@ -131,6 +177,11 @@ def adapter_logits(check: Check, run_dir: Path):
 
 
 def stage_objectives(check: Check) -> list[Figure]:
+    """Short runs of the distill and refusion objectives: finite losses.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+    """
     directory = check.stage_dir("objectives")
     figures = []
     for objective, recipe in (("distill", "smollm2_distill"), ("refusion", "smollm2_refusion")):

@@ -1,7 +1,7 @@
 """The device check's widths stage: what a forward costs by the tokens it feeds, on a random
 Qwen3-8B (qwen3_prefix's model, its vendored config) in bf16. On a CPU a forward of 129 tokens
 costs several one-token steps, which is why token trees and realignment buy forwards but no wall
-clock there (docs/results.md#realignment-candidates); on a GPU at batch 1 a step is bound by
+clock there (the results document's realignment candidates); on a GPU at batch 1 a step is bound by
 reading the weights, so a wide forward should cost about one. The table is written where
 `decode.width_cost` reads it, so `benchmarks/lookup_bound.py --width-cost` can price the
 recorded policies with it afterwards."""
@@ -15,6 +15,11 @@ SHOWN_WIDTHS = (2, 9, 33, 129, 257)
 
 
 def stage_widths(check: Check) -> list[Figure]:
+    """The cost of a forward by its width, written where `decode.width_cost` reads it.
+
+    Args:
+        check (Check): the check's run: directory, device, environment.
+    """
     from eval.engines.decode import DecodeSpec
     from eval.engines.width_cost import measure
 
