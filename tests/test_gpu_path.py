@@ -22,6 +22,7 @@ from headstart.devices import (
     resolve_device,
 )
 from headstart.models import from_pretrained_kwargs, load_model
+from headstart.paths import RECIPES_DIR
 from train.batch import batch_plan
 from train.config import RecipeValueError, TrainRecipe
 
@@ -176,7 +177,7 @@ def paper_recipe(name: str, *overrides: str) -> TrainRecipe:
 
 
 def test_the_paper_recipes_are_those_tagged_paper_and_the_distillation_twin():
-    tagged = sorted(path.stem for path in (REPO / "recipes" / "train").glob("*.yaml")
+    tagged = sorted(path.stem for path in (RECIPES_DIR / "train").glob("*.yaml")
                     if "paper" in paper_recipe(path.stem).wandb.tags)
     assert sorted([*tagged, "qwen3_distill"]) == PAPER_RECIPES
 

@@ -12,7 +12,6 @@ import fractions
 import gzip
 import json
 import math
-from pathlib import Path
 
 import pytest
 
@@ -23,9 +22,10 @@ from eval.benchmarks.mbpp import MBPP, program_names
 from eval.sandbox import SandboxLimits, run_tests
 from eval.sandbox_calls import MAX_ANSWER_BYTES, TrustedTests, run_calls
 from eval.sandbox_codec import NotPlainData, dumps, from_wire, plain, to_wire
+from headstart.paths import DATA_DIR
 
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5)
-DATA = Path(__file__).resolve().parent.parent / "data"
+DATA = DATA_DIR
 
 # Forgeries from inside the program's own process, each one or two lines.
 RUNPY_PATCHED = "import runpy\nrunpy._ModifiedArgv0.__exit__.__code__ = (lambda self, *a: True).__code__\n"
