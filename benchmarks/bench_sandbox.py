@@ -29,8 +29,7 @@ use_checkout()  # the checkout's eval, train and data_builders: not installed (h
 
 from eval.benchmarks.humaneval import HumanEval, build_program, trusted_tests  # noqa: E402
 from eval.benchmarks.mbpp import MBPP  # noqa: E402
-from eval.sandbox import run_tests  # noqa: E402
-from eval.sandbox_calls import run_calls  # noqa: E402
+from eval.sandbox import run_calls, run_tests  # noqa: E402
 
 MBPP_FILE = DATA_DIR / "mbpp" / "mbpp.jsonl"
 

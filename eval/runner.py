@@ -205,7 +205,7 @@ def timing_note(config: EvalConfig) -> str:
 
 def _scores(benchmark, request: Request, record: dict[str, Any]) -> dict[str, Any]:
     """Score both answers; identical answers are executed once. `containment`: what the
-    executed programs ran under, and where their tests ran (eval/sandbox.py).
+    executed programs ran under, and where their tests ran (eval/sandbox/).
     Whatever an answer's program does fails that answer only; SandboxUnavailable
     means no program can run on this machine (no bwrap, no user namespaces), so the
     run stops at the first answer to execute, named, with nothing recorded for it."""

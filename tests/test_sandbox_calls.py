@@ -20,9 +20,9 @@ from eval.benchmarks.canitedit import CanItEdit
 from eval.benchmarks.ds1000 import DS1000
 from eval.benchmarks.humaneval import HumanEval
 from eval.benchmarks.mbpp import MBPP, program_names
-from eval.sandbox import SandboxLimits, run_tests
-from eval.sandbox_calls import MAX_ANSWER_BYTES, TrustedTests, run_calls
-from eval.sandbox_codec import NotPlainData, dumps, from_wire, plain, to_wire
+from eval.sandbox import SandboxLimits, TrustedTests, run_calls, run_tests
+from eval.sandbox.calls import MAX_ANSWER_BYTES
+from eval.sandbox.codec import NotPlainData, dumps, from_wire, plain, to_wire
 
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5)
 DATA = Path(__file__).resolve().parent.parent / "data"

@@ -46,5 +46,5 @@ class CanItEdit:
             return Score(value=0.0, passed=None, detail=skipped_detail(missing))
         # The edited program is the whole answer's code; the tests follow it.
         program = f"{extract_code(answer)}\n\n{request.reference['tests']}\n"
-        # In the program's process (the tests use its classes and state): see eval/sandbox.py.
+        # In the program's process (the tests use its classes and state): see eval/sandbox/.
         return execution_score(run_tests(program, self.limits))

@@ -66,5 +66,5 @@ class DS1000:
         if missing:
             return Score(value=0.0, passed=None, detail=skipped_detail(missing))
         program = test_program(request.reference["code_context"], ds1000_postprocess(answer))
-        # In the program's process (the official tests take its namespace whole): see eval/sandbox.py.
+        # In the program's process (the official tests take its namespace whole): see eval/sandbox/.
         return execution_score(run_tests(program, self.limits))
