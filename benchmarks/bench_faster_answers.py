@@ -31,10 +31,10 @@ use_checkout()  # the checkout's eval, train and data_builders: not installed (h
 
 from legacy_format import legacy_humaneval_requests, legacy_mbpp_requests  # noqa: E402 (beside this script)
 
-from eval.config import EvalConfig  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
+from eval.evaluation.config import EvalConfig  # noqa: E402
+from eval.evaluation.runner import run_evaluation  # noqa: E402
 from eval.reporting.tables import markdown_rows  # noqa: E402
-from eval.runner import run_evaluation  # noqa: E402
 from headstart.config import load_config  # noqa: E402
 from headstart.models import load_model  # noqa: E402
 

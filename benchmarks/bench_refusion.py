@@ -28,8 +28,8 @@ from headstart.paths import CHECKOUT, outputs_dir, use_checkout
 
 use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
 
-from eval.config import EvalConfig  # noqa: E402
-from eval.runner import run_evaluation  # noqa: E402
+from eval.evaluation.config import EvalConfig  # noqa: E402
+from eval.evaluation.runner import run_evaluation  # noqa: E402
 from headstart.config import find_recipe, load_config  # noqa: E402
 
 TRAIN_RECIPE = "smollm2_refusion"

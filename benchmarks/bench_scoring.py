@@ -73,7 +73,7 @@ use_checkout()  # the checkout's eval: not installed (headstart.paths)
 import eval.benchmarks.humaneval as humaneval_module  # noqa: E402
 import eval.benchmarks.mbpp as mbpp_module  # noqa: E402
 from eval.benchmarks import Request, get_benchmark  # noqa: E402
-from eval.extract import extract_code  # noqa: E402
+from eval.benchmarks.extract import extract_code  # noqa: E402
 from eval.sandbox import SandboxUnavailable  # noqa: E402
 
 MBPP_FILE = DATA_DIR / "mbpp" / "mbpp.jsonl"

@@ -46,8 +46,8 @@ from omegaconf import OmegaConf  # noqa: E402
 
 from eval.benchmarks import get_benchmark  # noqa: E402
 from eval.benchmarks.base import Request  # noqa: E402
+from eval.evaluation.typing_sim import AVERAGE_TYPIST_CPM  # noqa: E402
 from eval.reporting.tables import markdown_rows  # noqa: E402
-from eval.typing_sim import AVERAGE_TYPIST_CPM  # noqa: E402
 from headstart.files import read_jsonl  # noqa: E402
 
 # The vendored data of each benchmark (the CPU suite's recipe: one home for the local paths).

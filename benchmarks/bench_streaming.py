@@ -25,11 +25,11 @@ from headstart.paths import outputs_dir, use_checkout
 use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
 
 from eval.benchmarks import get_benchmark  # noqa: E402
-from eval.config import EvalConfig  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
-from eval.evaluator import StreamingEvaluator  # noqa: E402
+from eval.evaluation.config import EvalConfig  # noqa: E402
+from eval.evaluation.evaluator import StreamingEvaluator  # noqa: E402
+from eval.evaluation.runner import run_evaluation  # noqa: E402
 from eval.reporting.tables import markdown_table  # noqa: E402
-from eval.runner import run_evaluation  # noqa: E402
 from headstart.models import load_model  # noqa: E402
 
 COUNTS = ("base_answer", "stream_answer", "draft_tokens", "accepted_tokens",

@@ -23,8 +23,8 @@ from headstart.paths import outputs_dir, use_checkout
 
 use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
 
-from eval.config import EvalConfig  # noqa: E402
-from eval.suite import report_finished, run_suite  # noqa: E402
+from eval.evaluation.config import EvalConfig  # noqa: E402
+from eval.evaluation.suite import report_finished, run_suite  # noqa: E402
 from headstart.config import load_config  # noqa: E402
 from headstart.models import load_model  # noqa: E402
 

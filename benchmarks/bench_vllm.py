@@ -38,9 +38,9 @@ from data_builders.answer_cache import AnswerCache  # noqa: E402
 from data_builders.config import GenerationConfig  # noqa: E402
 from data_builders.generation import GenerationSettings, greedy_answers_finished  # noqa: E402
 from eval.benchmarks import get_benchmark  # noqa: E402
-from eval.config import EvalConfig  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
-from eval.evaluator import StreamingEvaluator  # noqa: E402
+from eval.evaluation.config import EvalConfig  # noqa: E402
+from eval.evaluation.evaluator import StreamingEvaluator  # noqa: E402
 from headstart.models import load_model  # noqa: E402
 from headstart.vllm_client import vllm_unavailable  # noqa: E402
 from headstart.vllm_settings import VLLMSettings  # noqa: E402

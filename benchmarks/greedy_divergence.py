@@ -27,8 +27,8 @@ use_checkout()  # the checkout's eval, train and data_builders: not installed (h
 
 from eval.benchmarks import Request, get_benchmark  # noqa: E402
 from eval.engines.tokens import common_prefix_length  # noqa: E402
-from eval.evaluator import StreamingEvaluator  # noqa: E402
-from eval.results_dir import saved_config  # noqa: E402
+from eval.evaluation.evaluator import StreamingEvaluator  # noqa: E402
+from eval.evaluation.results_dir import saved_config  # noqa: E402
 from headstart.files import read_jsonl  # noqa: E402
 from headstart.models import load_model  # noqa: E402
 

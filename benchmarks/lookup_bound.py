@@ -13,7 +13,7 @@ the block size. No proposer that draws on these sources can beat
 the oracle, so its median bounds what a better policy could buy on these answers. Beside each
 policy, the tokens its regeneration forwards feed on average (a tree's nodes and the answer's
 last token): what its forwards cost where width is dear.
-With --width-cost (a table file, eval/engines/width_cost.py), each policy's wall-clock
+With --width-cost (a table file, eval/engines/width_table.py), each policy's wall-clock
 speedup as that table prices its forwards (the prefill and steps of the baseline against
 the verify pass and the regeneration forwards, each at its width) is printed beside.
 """
@@ -30,15 +30,15 @@ from headstart.paths import use_checkout
 use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
 
 from eval.benchmarks import get_benchmark  # noqa: E402
-from eval.config import decode_with  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
 from eval.engines.lookup import update_widths  # noqa: E402
 from eval.engines.tokens import common_prefix_length  # noqa: E402
-from eval.engines.width_cost import WidthCost, use_auto_table  # noqa: E402
-from eval.evaluator import StreamingEvaluator  # noqa: E402
+from eval.engines.width_table import WidthCost, use_auto_table  # noqa: E402
+from eval.evaluation.config import decode_with  # noqa: E402
+from eval.evaluation.evaluator import StreamingEvaluator  # noqa: E402
+from eval.evaluation.results_dir import saved_config  # noqa: E402
+from eval.evaluation.typing_sim import verify_width  # noqa: E402
 from eval.reporting.tables import markdown_rows  # noqa: E402
-from eval.results_dir import saved_config  # noqa: E402
-from eval.typing_sim import verify_width  # noqa: E402
 from headstart.files import read_jsonl  # noqa: E402
 from headstart.models import load_model  # noqa: E402
 

@@ -39,8 +39,8 @@ from study_report import CURVE_KEYS, write_study_report  # noqa: E402  (beside t
 
 from eval.before_after import BeforeAfterConfig, run_before_after, side_config  # noqa: E402
 from eval.benchmarks import BENCHMARKS, get_benchmark  # noqa: E402
-from eval.config import EvalConfig, check_limit  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
+from eval.evaluation.config import EvalConfig, check_limit  # noqa: E402
 from eval.reporting.metrics import summarize  # noqa: E402
 from eval.reporting.wandb_report import wandb_mode  # noqa: E402
 from headstart.config import dump_config, run_cli  # noqa: E402
@@ -269,7 +269,7 @@ def curve_evaluation(config: StudyConfig, report: BeforeAfterConfig, run_dir: Pa
 def curve(config: StudyConfig, report: BeforeAfterConfig, runs: dict[str, Path]) -> dict[str, list[dict]]:
     """Curve points per objective: the base (step 0), each intermediate checkpoint, the final
     adapter, every one summarised over the same first curve_limit requests."""
-    from eval.runner import run_evaluation  # here, not above: `--help` loads no torch
+    from eval.evaluation.runner import run_evaluation  # here, not above: `--help` loads no torch
 
     benchmark = config.curve_benchmark
     requests = get_benchmark(benchmark, config.data_paths.get(benchmark)).load(config.curve_requests)

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eval.config import EvalConfig, check_limit, check_timed_every
 from eval.engines.decode import DecodeSpec, decode_label
+from eval.evaluation.config import EvalConfig, check_limit, check_timed_every
+from eval.evaluation.shards import parse_shard
 from eval.reporting.tables import macro_average, markdown_rows, markdown_table
 from eval.reporting.typing_report import TYPING_NOTE, TYPING_TITLE, break_even_notes, typing_rows, typing_section
 from eval.reporting.wandb_report import log_side
-from eval.shards import parse_shard
 from headstart.config import config_to_dict, dump_config, run_cli
 from headstart.device_names import check_device, check_dtype
 from headstart.files import read_jsonl
@@ -83,8 +83,8 @@ class BeforeAfterConfig:
     )
     typing: str | None = field(
         default=None,
-        metadata={"help": "Typing-time simulation of both sides (eval.typing_sim): 'cpm:N', 'unlimited' or a keystroke trace "
-                          "file; null: off."},
+        metadata={"help": "Typing-time simulation of both sides (eval.evaluation.typing_sim): 'cpm:N', 'unlimited' or a "
+                          "keystroke trace file; null: off."},
     )
     typing_policy: str = field(
         default="finish",
@@ -100,8 +100,9 @@ class BeforeAfterConfig:
     dtype: str | None = field(default=None, metadata={"help": "Torch dtype; default bf16 on GPU, fp32 on CPU."})
     shard: str | None = field(
         default=None,
-        metadata={"help": "INDEX/COUNT: every side and benchmark evaluates only its shard of the requests (eval.shards), no "
-                          "report; the same run without shard merges the shards and reports. null: all."},
+        metadata={"help": "INDEX/COUNT: every side and benchmark evaluates only its shard of the requests "
+                          "(eval.evaluation.shards), no report; the same run without shard merges the shards and reports. "
+                          "null: all."},
     )
 
     def __post_init__(self) -> None:
@@ -147,8 +148,8 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
     Every side is checked first (data, base and adapted weights, results already in
     output_dir: a retrained adapter at the same path is refused, not reused), so a
     bad setting fails before any model loads or any file is written."""
+    from eval.evaluation.runner import prepare_evaluation, run_evaluation  # here, not above: `--help` loads no torch
     from eval.reporting.paired import compare_sides  # numpy, scipy: not for `--help`
-    from eval.runner import prepare_evaluation, run_evaluation  # here, not above: `--help` loads no torch
 
     output_dir = Path(config.output_dir)
     unknown = set(config.data_paths) - set(config.benchmarks)
@@ -188,7 +189,7 @@ def run_shard(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]]]
     """One shard of every side and benchmark, each into its own shards/ directory; the
     report (and the W&B runs) come from the run without shard, which merges the shards.
     Nothing else is written, so that shards running at once never share a file."""
-    from eval.runner import run_evaluation  # here, not above: `--help` loads no torch
+    from eval.evaluation.runner import run_evaluation  # here, not above: `--help` loads no torch
 
     summaries: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in config.benchmarks}
     for side in config.sides:

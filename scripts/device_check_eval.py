@@ -17,8 +17,8 @@ EVAL_REQUESTS = 6
 
 def evaluate(check: Check, loaded, output_dir: Path, device: str, *settings: str) -> list[dict]:
     """A streaming evaluation of the tiny model on MT-Bench (`benchmark=chat`), its records."""
-    from eval.config import EvalConfig
-    from eval.runner import run_evaluation
+    from eval.evaluation.config import EvalConfig
+    from eval.evaluation.runner import run_evaluation
     from headstart.config import load_config
     from headstart.files import read_jsonl
 

@@ -403,7 +403,7 @@ def test_without_bubblewrap_no_program_runs(monkeypatch):
 
 
 def test_without_bubblewrap_an_evaluation_stops_naming_the_request(data_dir, monkeypatch):
-    from eval.runner import _scores
+    from eval.evaluation.runner import _scores
     benchmark = MBPP(str(data_dir / "mbpp" / "mbpp.jsonl"), limits=LIMITS)
     request = benchmark.load(limit=1)[0]
     answer = "```python\ndef remove_Occ(s, ch):\n    return s\n```"

@@ -313,8 +313,8 @@ def test_ds1000_reference_still_passes_under_the_guard():
 
 
 def test_the_results_record_what_contained_each_verdict(humaneval_problem):
+    from eval.evaluation.runner import _scores
     from eval.reporting.metrics import summarize
-    from eval.runner import _scores
     benchmark, request, problem = humaneval_problem
     answer = fenced(problem["prompt"] + problem["canonical_solution"])
     record = {"base_answer": answer, "stream_answer": answer}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, execution_score, streamable
+from eval.benchmarks.extract import extract_code
 from eval.benchmarks.imports import missing_modules, skipped_detail
-from eval.extract import extract_code
 from eval.sandbox import SandboxLimits, run_tests
 from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_edit_request

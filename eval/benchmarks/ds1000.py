@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, execution_score, streamable
+from eval.benchmarks.extract import ds1000_postprocess
 from eval.benchmarks.imports import missing_modules, skipped_detail
-from eval.extract import ds1000_postprocess
 from eval.sandbox import SandboxLimits, run_tests
 from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_ds1000

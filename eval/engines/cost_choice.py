@@ -8,7 +8,7 @@ one option: a plain step, or the first t candidates cut to k tokens (t, k powers
 the configured ones). It picks the option with the most tokens per unit of cost over this
 update's earlier forwards, where each option's tokens at an earlier forward are what it would
 have kept there (the answer since then says so, whichever option ran) plus the one token a
-forward yields, and its cost is the width-cost table's (eval/engines/width_cost.py). Before
+forward yields, and its cost is the width-cost table's (eval/engines/width_table.py). Before
 any earlier forward is settled it runs the configured proposal.
 
 Only the choice of what to verify changes: every forward still keeps exactly the tokens greedy

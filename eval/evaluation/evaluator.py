@@ -9,7 +9,6 @@ from typing import Any
 from tqdm import tqdm
 
 from eval.benchmarks import Request
-from eval.config import EvalConfig
 from eval.engines.ar import AREngine
 from eval.engines.base import StreamingEngine, UpdateResult
 from eval.engines.bidirectional import BidirectionalEngine
@@ -23,9 +22,10 @@ from eval.engines.fast_path import (
     greedy_drafting,
     round_drafts,
 )
-from eval.engines.refusion import RefusionEngine
+from eval.engines.refusion_decoding import RefusionEngine
 from eval.engines.tokens import common_prefix_length
-from eval.engines.width_cost import use_auto_table
+from eval.engines.width_table import use_auto_table
+from eval.evaluation.config import EvalConfig
 from headstart.models import LoadedModel, dtype_name
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 from headstart.refusion import mask_token_id
@@ -176,7 +176,7 @@ class StreamingEvaluator:
             "drafting_backend": self.config.backend if self.fast else "transformers",
             "dtype": dtype_name(self.loaded.model.dtype),  # what every number was computed in (a resume must match)
         }
-        if self.config.typing:  # what eval.typing_sim re-derives drafts and costs from
+        if self.config.typing:  # what eval.evaluation.typing_sim re-derives drafts and costs from
             record |= {"prompt_token_ids": self.prompts(request), "eos_token_ids": sorted(self.engine.eos_token_ids)}
         if self.config.record_tokens or self.config.typing:
             record |= {"draft_token_ids": drafting.drafts, "base_token_ids": baseline.answer,

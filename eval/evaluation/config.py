@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from omegaconf import OmegaConf
 
 from eval.engines.decode import DecodeSpec
-from eval.shards import parse_shard
-from eval.typing_sim import check_typing
+from eval.evaluation.shards import parse_shard
+from eval.evaluation.typing_sim import check_typing
 from headstart.config import config_from_dict, config_to_dict
 from headstart.device_names import check_device, check_dtype
 from headstart.prompts import check_evaluation_system_setting
@@ -93,8 +93,8 @@ class EvalConfig:
     )
     typing: str | None = field(
         default=None,
-        metadata={"help": "Typing-time simulation (eval.typing_sim): 'cpm:N' (N characters per minute), 'unlimited', or a "
-                          "keystroke trace file (seconds per character, one a line); null: off."},
+        metadata={"help": "Typing-time simulation (eval.evaluation.typing_sim): 'cpm:N' (N characters per minute), "
+                          "'unlimited', or a keystroke trace file (seconds per character, one a line); null: off."},
     )
     typing_policy: str = field(
         default="finish",
@@ -108,7 +108,8 @@ class EvalConfig:
     shard: str | None = field(
         default=None,
         metadata={"help": "INDEX/COUNT: evaluate only the requests at positions INDEX, INDEX+COUNT, ... of the selection, into "
-                          "output_dir/shards/INDEX-of-COUNT (eval.shards); the same run without shard merges them. null: all."},
+                          "output_dir/shards/INDEX-of-COUNT (eval.evaluation.shards); the same run without shard merges them. "
+                          "null: all."},
     )
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ machine and model (`python -m eval.width_cost`, or `decode.width_cost=auto` when
 evaluator loads the model), kept as a small JSON file, and reused by
 - the lookup chooser (`decode.lookup_choice=cost`, eval/engines/cost_choice.py), which
   picks each forward's tree size and block length by expected tokens per second;
-- the typing simulation (eval/typing_sim.py), which turns forwards into seconds.
+- the typing simulation (eval/evaluation/typing_sim.py), which turns forwards into seconds.
 Both use only ratios to a one-token step (`relative`): the simulation calibrates the
 absolute rate on each request's own measured baseline.
 """

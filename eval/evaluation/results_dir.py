@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from eval.benchmarks import data_fingerprint
-from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.engines.width_cost import AUTO, auto_path
-from eval.shards import SHARDS_DIR, recorded_settings
+from eval.engines.width_table import AUTO, auto_path
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.shards import SHARDS_DIR, recorded_settings
 from headstart.config import config_to_dict
 from headstart.devices import resolve_device
 from headstart.models import weights_fingerprint
@@ -30,8 +30,8 @@ from headstart.run_dir import check_output_dir
 # data_path and acceptance); `device` is not a key: a merge or report job runs where no model
 # loads (a CPU node for a GPU run's shards), and counts do not depend on it.
 # `dtype` is recorded as asked (null: the device's default); the dtype the numbers were computed in is
-# each record's own "dtype", which a resume (eval.runner.check_computed_dtype) and a merge of shards
-# (eval.shards.merged_records) must match: a CPU fp32 run never resumes on a GPU in bf16.
+# each record's own "dtype", which a resume (eval.evaluation.runner.check_computed_dtype) and a merge of shards
+# (eval.evaluation.shards.merged_records) must match: a CPU fp32 run never resumes on a GPU in bf16.
 RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "system_prompt", "dtype", "sandbox_cpu_seconds",
                "backend", "timed_every")
 # And what they were computed from, by content: the weights loaded (model and adapter,
@@ -80,7 +80,8 @@ def check_resumable(output_dir: Path, current: dict[str, Any]) -> dict[str, Any]
             raise ValueError(f"{output_dir} holds {', '.join(found)} but no config.json: the settings, weights and data "
                              "of those results are unknown; choose another output_dir")
         return current
-    saved = recorded_settings(output_dir)  # a setting it does not record is a difference (eval.shards.ADDED_SETTINGS aside)
+    # a setting it does not record is a difference (eval.evaluation.shards.ADDED_SETTINGS aside)
+    saved = recorded_settings(output_dir)
     changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
     if changed:
         detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())

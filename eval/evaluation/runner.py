@@ -14,17 +14,17 @@ import torch
 from tqdm import tqdm
 
 from eval.benchmarks import Benchmark, Request, get_benchmark
-from eval.config import EvalConfig
 from eval.engines.decode import DIFFUSION_ENGINES, decode_label
-from eval.engines.width_cost import AUTO
-from eval.engines.width_cost import resolve as resolve_width_cost
-from eval.evaluator import StreamingEvaluator
+from eval.engines.width_table import AUTO
+from eval.engines.width_table import resolve as resolve_width_cost
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.evaluator import StreamingEvaluator
+from eval.evaluation.results_dir import FINGERPRINT_KEYS, RUN_KIND, check_resumable, result_settings
+from eval.evaluation.shards import Shard, merge_into, merged_records, parse_shard, shard_dir, write_manifest
 from eval.reporting.metrics import running_medians, summarize
 from eval.reporting.tables import markdown_table
 from eval.reporting.typing_report import typing_report
-from eval.results_dir import FINGERPRINT_KEYS, RUN_KIND, check_resumable, result_settings
 from eval.sandbox import SandboxUnavailable
-from eval.shards import Shard, merge_into, merged_records, parse_shard, shard_dir, write_manifest
 from headstart.config import dump_config
 from headstart.devices import resolve_device
 from headstart.files import append_jsonl, read_jsonl
@@ -62,7 +62,7 @@ def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None
     the benchmark name, its data (read whole: a bad line, a missing field, an empty file
     or no streamable request is an error), the model and adapter sources (fingerprinted),
     the results already in output_dir (same settings, same bytes) and, for a run that
-    was sharded, its shards (all there, finished, same settings; eval.shards)."""
+    was sharded, its shards (all there, finished, same settings; eval.evaluation.shards)."""
     output_dir = Path(config.output_dir) if config.output_dir else default_output_dir(config)
     device = resolve_device(config.device)  # a GPU asked for where CUDA is unusable: refused here, not run on CPU
     benchmark = get_benchmark(config.benchmark, config.data_path, config.sandbox_cpu_seconds)
