@@ -39,8 +39,8 @@ use_checkout()  # the checkout's eval, train and data_builders: not installed (h
 from eval.benchmarks import get_benchmark  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
 from eval.engines.fast_path import Drafting, batched_greedy, final_update  # noqa: E402
+from eval.engines.width_measure import resolve as resolve_width_cost  # noqa: E402
 from eval.engines.width_table import AUTO  # noqa: E402
-from eval.engines.width_table import resolve as resolve_width_cost  # noqa: E402
 from eval.evaluation.config import EvalConfig, decode_with  # noqa: E402
 from eval.evaluation.evaluator import StreamingEvaluator  # noqa: E402
 from eval.reporting.tables import markdown_rows  # noqa: E402

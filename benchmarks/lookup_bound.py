@@ -33,7 +33,8 @@ from eval.benchmarks import get_benchmark  # noqa: E402
 from eval.engines.decode import DecodeSpec  # noqa: E402
 from eval.engines.lookup import update_widths  # noqa: E402
 from eval.engines.tokens import common_prefix_length  # noqa: E402
-from eval.engines.width_table import WidthCost, use_auto_table  # noqa: E402
+from eval.engines.width_measure import use_auto_table  # noqa: E402
+from eval.engines.width_table import WidthCost  # noqa: E402
 from eval.evaluation.config import decode_with  # noqa: E402
 from eval.evaluation.evaluator import StreamingEvaluator  # noqa: E402
 from eval.evaluation.results_dir import saved_config  # noqa: E402

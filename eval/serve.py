@@ -3,7 +3,7 @@
 One vLLM engine (the vLLM environment, eval.serving.engine_worker) decodes every answer greedily;
 its speculative proposer verifies drafts made while the request was typed (typing sessions,
 eval.serving.sessions) or passed as OpenAI's `prediction`. The HTTP API is in eval.serving.api;
-the live page (eval.live) is served beside it at `/`.
+the live page (eval/serving/page.py) is served beside it at `/`.
 
 Adapters are merged into the base weights once, then served as a plain model (cached under
 ~/.cache/headstart/merged): a merged model runs at the base model's speed, while vLLM's LoRA
@@ -106,9 +106,9 @@ def start_server(config: ServeConfig) -> Server:
     """Load the tokenizer, start the engine, build the app (the live page included)."""
     from transformers import GenerationConfig
 
-    from eval.live import live_routes
     from eval.serving.api import Served, build_app
     from eval.serving.engine import ServingEngine, serving_engine_args
+    from eval.serving.page import live_routes
     from eval.serving.sessions import Sessions
     from headstart.devices import resolve_device
     from headstart.model_files import check_local_source, is_adapter_dir
@@ -156,7 +156,7 @@ def start_server(config: ServeConfig) -> Server:
 def serve(config: ServeConfig) -> None:
     import uvicorn
 
-    from eval.live import check_listenable
+    from eval.serving.page import check_listenable
 
     check_listenable(config.host, config.port)
     server = start_server(config)

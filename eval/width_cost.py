@@ -1,5 +1,5 @@
 """`python -m eval.width_cost model=NAME`: measure what a forward costs by its width on this
-machine (eval/engines/width_table.py) and keep the table where `decode.width_cost=auto` finds it."""
+machine (eval/engines/width_measure.py) and keep the table where `decode.width_cost=auto` finds it."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def measure_table(config: WidthCostConfig) -> None:
     """Measure, write, and print the table (seconds and steps per width)."""
     from pathlib import Path
 
-    from eval.engines.width_table import auto_path, measure
+    from eval.engines.width_measure import measure
+    from eval.engines.width_table import auto_path
     from headstart.models import load_model
 
     loaded = load_model(config.model, dtype=config.dtype, device=config.device)

@@ -16,7 +16,7 @@ SHOWN_WIDTHS = (2, 9, 33, 129, 257)
 
 def stage_widths(check: Check) -> list[Figure]:
     from eval.engines.decode import DecodeSpec
-    from eval.engines.width_table import measure
+    from eval.engines.width_measure import measure
 
     recipe, config = paper_model_config(check)
     model = random_model(config, check.device).eval()

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from study_verifier import VerifierCheckConfig, check, main
 
 from eval.benchmarks import get_benchmark
 from eval.engines.bidirectional import BidirectionalEngine, bidirectional_logits
 from eval.engines.decode import DecodeSpec
 from eval.evaluation.config import EvalConfig
 from eval.evaluation.evaluator import StreamingEvaluator
-from study_verifier import VerifierCheckConfig, check, main
 from headstart.models import load_model
 from headstart.refusion import add_refusion_tokens, mask_token_id
 

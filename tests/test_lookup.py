@@ -12,7 +12,8 @@ from test_ar_engine import MAX_NEW_TOKENS, make_evaluator, naive_greedy
 
 from eval.benchmarks import get_benchmark
 from eval.engines.decode import DecodeSpec
-from eval.engines.lookup import LookupPolicy, Proposer, regeneration_widths, update_cost, update_proposer
+from eval.engines.lookup import Proposer, regeneration_widths, update_cost, update_proposer
+from eval.engines.lookup_policy import LookupPolicy
 from eval.engines.token_tree import tree_matched
 from eval.evaluation.config import EvalConfig
 from eval.evaluation.evaluator import StreamingEvaluator

@@ -9,7 +9,8 @@ import pytest
 
 from eval.__main__ import main as eval_main
 from eval.engines.decode import DecodeSpec
-from eval.engines.width_table import WidthCost, auto_path, measure, resolve
+from eval.engines.width_measure import measure, resolve
+from eval.engines.width_table import WidthCost, auto_path
 from eval.width_cost import main as width_cost_main
 from headstart.models import load_model
 

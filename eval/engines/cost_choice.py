@@ -19,13 +19,10 @@ tokens alone, so the fast path computes the same forwards as the engine executes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from eval.engines.lookup_policy import BranchProposer, LookupPolicy
 from eval.engines.token_tree import TokenTree
 from eval.engines.tokens import common_prefix_length
-
-if TYPE_CHECKING:  # lookup.py imports this module
-    from eval.engines.lookup import AnyProposer, LookupPolicy
 
 Option = tuple[int, int]  # (candidates kept, tokens per candidate); (0, 0): a plain step
 
@@ -86,7 +83,7 @@ class Pending:
 class CostChooser:
     """Wraps one update's proposer (module docstring); `branches` is what the engine verifies."""
 
-    def __init__(self, proposer: AnyProposer, policy: LookupPolicy) -> None:
+    def __init__(self, proposer: BranchProposer, policy: LookupPolicy) -> None:
         self.proposer = proposer
         self.costs = policy.costs  # relative cost of a forward of width w at index w - 1
         self.options = options(policy)

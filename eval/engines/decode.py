@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eval.engines.acceptance import AcceptanceRule
-from eval.engines.lookup import CHOICES, MATCHES, OCCURRENCES, LookupPolicy
+from eval.engines.lookup_policy import CHOICES, MATCHES, OCCURRENCES, LookupPolicy
 from eval.engines.width_table import AUTO, WidthCost
 
 AR_ENGINES = ("auto", "fast", "stepwise")  # the same numbers; auto = fast
@@ -181,7 +181,7 @@ class DecodeSpec:
     def width_table(self) -> WidthCost | None:
         """The width-cost table: the file's, or `auto`'s once `use_width_table` gave it; None without one."""
         if self.width_cost == AUTO and self._width_table is None:
-            raise ValueError("decode.width_cost=auto is measured when the model loads (eval.engines.width_table.resolve); "
+            raise ValueError("decode.width_cost=auto is measured when the model loads (eval.engines.width_measure.resolve); "
                              "it has not been yet")
         return self._width_table
 

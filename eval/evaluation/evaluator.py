@@ -24,7 +24,7 @@ from eval.engines.fast_path import (
 )
 from eval.engines.refusion_decoding import RefusionEngine
 from eval.engines.tokens import common_prefix_length
-from eval.engines.width_table import use_auto_table
+from eval.engines.width_measure import use_auto_table
 from eval.evaluation.config import EvalConfig
 from headstart.models import LoadedModel, dtype_name
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message

@@ -15,8 +15,8 @@ from tqdm import tqdm
 
 from eval.benchmarks import Benchmark, Request, get_benchmark
 from eval.engines.decode import DIFFUSION_ENGINES, decode_label
+from eval.engines.width_measure import resolve as resolve_width_cost
 from eval.engines.width_table import AUTO
-from eval.engines.width_table import resolve as resolve_width_cost
 from eval.evaluation.config import EvalConfig
 from eval.evaluation.evaluator import StreamingEvaluator
 from eval.evaluation.results_dir import FINGERPRINT_KEYS, RUN_KIND, check_resumable, result_settings
