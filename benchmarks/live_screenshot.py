@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from headstart.paths import use_checkout
+from headstart.run_config import ModelSetting  # noqa: E402
 
 use_checkout()  # the checkout's eval, train and data_builders: not installed (headstart.paths)
 
@@ -32,10 +33,9 @@ from headstart.config import run_cli  # noqa: E402
 
 
 @dataclass
-class ScreenshotConfig:
+class ScreenshotConfig(ModelSetting):
     """Type one request into the live page and save a screenshot."""
 
-    model: str = field(default="smollm2", metadata={"help": "Model served by the page, as for `python -m eval.live`."})
     benchmark: str = field(default="humaneval", metadata={"help": "Benchmark the typed request comes from."})
     request: int = field(default=0, metadata={"help": "Index of the request among the benchmark's streamable ones."})
     cpm: float = field(default=400.0, metadata={"help": "Typing speed, characters per minute."})

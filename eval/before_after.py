@@ -17,14 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eval.engines.decode import DecodeSpec, decode_label
-from eval.evaluation.config import EvalConfig, check_limit, check_timed_every
-from eval.evaluation.shards import parse_shard
+from eval.engines.decode import decode_label
+from eval.evaluation.config import EvalConfig, EvaluationSettings, check_limit
 from eval.reporting.tables import macro_average, markdown_rows, markdown_table
 from eval.reporting.typing_report import TYPING_NOTE, TYPING_TITLE, break_even_notes, typing_rows, typing_section
 from eval.reporting.wandb_report import log_side
 from headstart.config import config_to_dict, dump_config, run_cli
-from headstart.device_names import check_device, check_dtype
 from headstart.files import read_jsonl
 from headstart.paths import outputs_dir
 from headstart.prompts import check_evaluation_system_setting
@@ -37,10 +35,9 @@ KIND = "before-after"
 
 
 @dataclass
-class BeforeAfterConfig:
-    """Evaluate a base model and its adaptation with identical settings."""
+class BeforeAfterConfig(EvaluationSettings):
+    """Evaluate a base model (`model`) and its adaptation with identical settings."""
 
-    model: str = field(default="smollm2", metadata={"help": "Base model (embedded name, hub id, dir or .gguf)."})
     adapted: str = field(
         default=str(outputs_dir("train", "smollm2_prefix", "adapter")),
         metadata={"help": "Adapted model: LoRA adapter dir or merged model dir."},
@@ -51,44 +48,14 @@ class BeforeAfterConfig:
                           "table."},
     )
     benchmarks: list[str] = field(default_factory=lambda: ["humaneval"], metadata={"help": "Benchmarks to run on both sides."})
-    data_paths: dict[str, str] = field(
-        default_factory=dict,
-        metadata={"help": "Local data per benchmark name, e.g. {mbpp: path}."},
-    )
     limit: int | None = field(
         default=10,
         metadata={"help": "Requests per benchmark (first N with n >= 2); null: all; 0: check only (both sides' settings, data, "
                           "models, output dirs), evaluate and write nothing."},
     )
-    decode: DecodeSpec = field(
-        default_factory=DecodeSpec,
-        metadata={"help": "Decode settings of both sides (eval.engines.decode)."},
-    )
     system_prompt: str = field(
         default="incomplete",
         metadata={"help": "System message for both sides: 'incomplete', 'model' or text."},
-    )
-    backend: str = field(
-        default=EvalConfig.backend,
-        metadata={"help": "Fast-path drafting of both sides on 'transformers' or 'vllm' (EvalConfig.backend)."},
-    )
-    fast_batch_size: int = field(
-        default=EvalConfig.fast_batch_size,
-        metadata={"help": "Prefixes decoded together on the fast path (EvalConfig.fast_batch_size; raise it with vllm)."},
-    )
-    timed_every: int = field(
-        default=EvalConfig.timed_every,
-        metadata={"help": "Count mode of both sides (EvalConfig.timed_every): time every N-th request, count the others "
-                          "from batched greedy drafts; 1: time all."},
-    )
-    typing: str | None = field(
-        default=None,
-        metadata={"help": "Typing-time simulation of both sides (eval.evaluation.typing_sim): 'cpm:N', 'unlimited' or a "
-                          "keystroke trace file; null: off."},
-    )
-    typing_policy: str = field(
-        default="finish",
-        metadata={"help": "Typing simulation: 'finish' or 'abandon' an update when the next segment arrives."},
     )
     output_dir: str = field(
         default=str(outputs_dir("before_after", "smollm2")),
@@ -96,22 +63,11 @@ class BeforeAfterConfig:
     )
     wandb_project: str | None = field(default=None, metadata={"help": "W&B project; unset = offline run under output_dir."})
     wandb_group: str | None = field(default=None, metadata={"help": "W&B group linking both runs; default the output dir name."})
-    device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available."})
-    dtype: str | None = field(default=None, metadata={"help": "Torch dtype; default bf16 on GPU, fp32 on CPU."})
-    shard: str | None = field(
-        default=None,
-        metadata={"help": "INDEX/COUNT: every side and benchmark evaluates only its shard of the requests "
-                          "(eval.evaluation.shards), no report; the same run without shard merges the shards and reports. "
-                          "null: all."},
-    )
 
     def __post_init__(self) -> None:
         check_limit(self.limit)
-        parse_shard(self.shard)
-        check_timed_every(self.timed_every, self.decode)
         self.system_prompt = check_evaluation_system_setting(self.system_prompt)
-        check_dtype(self.dtype)
-        check_device(self.device)
+        super().__post_init__()
         for name in self.more_adapted:
             if name in ("before", "after") or not name.replace("_", "").replace("-", "").isalnum():
                 raise ValueError(f"more_adapted: side name {name!r} must be a plain name other than before/after")
