@@ -29,6 +29,7 @@ from headstart.prompts import check_evaluation_system_setting
 from headstart.run_dir import check_output_dir, write_mark
 
 if TYPE_CHECKING:
+    from eval.evaluation.runner import PreparedRun
     from eval.reporting.paired import PairedComparison
 
 KIND = "before-after"
@@ -112,15 +113,14 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
     if unknown:
         raise ValueError(f"data_paths names benchmarks not in benchmarks: {', '.join(sorted(unknown))}")
     check_output_dir(output_dir, KIND)
-    for side in config.sides:
-        for benchmark in config.benchmarks:
-            prepare_evaluation(side_config(config, side, benchmark))
+    prepared = {(side, benchmark): prepare_evaluation(side_config(config, side, benchmark))
+                for side in config.sides for benchmark in config.benchmarks}
     if config.limit == 0:
         print(f"limit=0: every side of {', '.join(config.benchmarks)} checked; nothing evaluated, nothing written")
         return {}
     write_mark(output_dir, KIND)
     if config.shard:
-        return run_shard(config)
+        return run_shard(config, prepared)
     output_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, output_dir / "config.yaml")
     summaries: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in config.benchmarks}
@@ -128,7 +128,7 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
     for side in config.sides:
         for benchmark in config.benchmarks:
             evaluation = side_config(config, side, benchmark)
-            summaries[benchmark][side] = run_evaluation(evaluation)
+            summaries[benchmark][side] = run_evaluation(evaluation, prepared=prepared[side, benchmark])
             records[benchmark][side] = read_jsonl(Path(evaluation.output_dir) / "results.jsonl")
     paired = compare_sides(records)
     figures = write_figures(summaries, records, output_dir / "figures", paired)
@@ -141,16 +141,23 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
     return summaries
 
 
-def run_shard(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]]]:
+def run_shard(config: BeforeAfterConfig,
+              prepared: dict[tuple[str, str], PreparedRun] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     """One shard of every side and benchmark, each into its own shards/ directory; the
     report (and the W&B runs) come from the run without shard, which merges the shards.
-    Nothing else is written, so that shards running at once never share a file."""
+    Nothing else is written, so that shards running at once never share a file.
+
+    Args:
+        config: the before/after settings, with `shard` set.
+        prepared: (side, benchmark) -> its run as `run_before_after` checked it; None: checked here.
+    """
     from eval.evaluation.runner import run_evaluation  # here, not above: `--help` loads no torch
 
     summaries: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in config.benchmarks}
     for side in config.sides:
         for benchmark in config.benchmarks:
-            summaries[benchmark][side] = run_evaluation(side_config(config, side, benchmark))
+            summaries[benchmark][side] = run_evaluation(side_config(config, side, benchmark),
+                                                        prepared=(prepared or {}).get((side, benchmark)))
     print(f"\nshard {config.shard} done; the same command without shard merges the shards and writes the report")
     return summaries
 

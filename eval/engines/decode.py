@@ -185,6 +185,11 @@ class DecodeSpec:
                              "it has not been yet")
         return self._width_table
 
+    @property
+    def resolved_width_table(self) -> WidthCost | None:
+        """The table as it stands: None where `auto` has not been resolved yet (or there is none)."""
+        return self._width_table
+
     def use_width_table(self, table: WidthCost | None) -> None:
         """Set the table `width_cost=auto` resolved to, once the model has loaded."""
         self._width_table, self._policy = table, None

@@ -61,5 +61,9 @@ def resolve(setting: str, name: str, device: str, model: PreTrainedModel | None 
 def use_auto_table(decode: DecodeSpec, name: str, model: PreTrainedModel) -> None:
     """Give `decode` this machine's table for `name` when its width_cost is `auto`: measured
     once per machine and model, then read."""
-    if decode.width_cost == AUTO:
-        decode.use_width_table(resolve(AUTO, name, str(model.device), model))
+    if decode.width_cost != AUTO:
+        return
+    held = decode.resolved_width_table
+    if held is not None and held.model == name and held.machine == machine_label(str(model.device)):
+        return  # resolved for this model and machine already (a suite's earlier run)
+    decode.use_width_table(resolve(AUTO, name, str(model.device), model))

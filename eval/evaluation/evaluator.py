@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from types import EllipsisType
 from typing import Any
 
 from tqdm import tqdm
@@ -37,9 +38,16 @@ class StreamingEvaluator:
     """Evaluates requests one at a time with the configured engine, baseline included."""
 
     def __init__(self, loaded: LoadedModel, config: EvalConfig, requests: list[Request] | None = None,
-                 untimed: set[str] = frozenset()) -> None:
-        """`requests`: what it will evaluate, for the drafting cache vLLM reserves (None: the model's context).
-        `untimed`: the ids of requests counted from batched greedy drafts, not timed (count mode, `timed_every`)."""
+                 untimed: set[str] = frozenset(), system: str | None | EllipsisType = ...) -> None:
+        """
+        Args:
+            loaded: the model and tokenizer.
+            config: the run's settings.
+            requests: what it will evaluate, for the drafting cache vLLM reserves (None: the model's context).
+            untimed: the ids of requests counted from batched greedy drafts, not timed (count mode, `timed_every`).
+            system: the system message the run resolved (None: no system turn); `...`: resolved here from
+                `config.system_prompt`.
+        """
         self.loaded = loaded
         self.untimed = untimed
         self.config = config
@@ -48,7 +56,9 @@ class StreamingEvaluator:
         # The fast path batches AR drafting across requests: AR decoding only.
         self.fast = self.decode.fast
         self.engine = build_engine(loaded, self.decode)
-        self.system = resolve_system_message(config.system_prompt, config.adapter or config.model)
+        if system is ...:
+            system = resolve_system_message(config.system_prompt, config.adapter or config.model)
+        self.system = system
         eos = self.engine.eos_token_ids
         self.drafter = build_drafter(loaded, config, eos, self.needed_model_len(requests)) if self.fast else None
 

@@ -43,14 +43,20 @@ EVALUATOR_FILES = ("results.jsonl", "summary.json", "report.md", "config.yaml")
 RUN_KIND = "eval"
 
 
-def result_settings(config: EvalConfig) -> dict[str, Any]:
+def result_settings(config: EvalConfig, device: str | None = None) -> dict[str, Any]:
     """The settings that decide the numbers, flat, and the fingerprints of the weights and
-    data (config.json of a results directory). Fails when the model, adapter or data is absent."""
+    data (config.json of a results directory). Fails when the model, adapter or data is absent.
+
+    Args:
+        config: the run's settings.
+        device: the device the run computes on, as `prepare_evaluation` resolved it (it names
+            `width_cost=auto`'s table); None: resolved from `config.device`.
+    """
     values = config_to_dict(config)
     decode = values.pop("decode")
     settings = {k: values[k] for k in RESULT_KEYS} | {k: decode[k] for k in config.decode.result_keys()}
     if settings.get("width_cost") == AUTO:  # the table this machine's `auto` names: another machine's counts differ
-        settings["width_cost"] = str(auto_path(config.model, resolve_device(config.device)))
+        settings["width_cost"] = str(auto_path(config.model, device or resolve_device(config.device)))
     return settings | {
         "weights_fingerprint": weights_fingerprint(config.model, config.adapter),
         "data_fingerprint": data_fingerprint(config.benchmark, config.data_path),
