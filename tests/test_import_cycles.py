@@ -100,3 +100,16 @@ def test_eval_and_the_studies_have_no_import_cycles():
     graph = import_graph()
     assert "eval.engines.decode" in graph and "study_adaptation" in graph  # the graph covers both trees
     assert cycles(graph) == []
+
+
+def test_nothing_outside_the_sandbox_imports_its_private_names():
+    """eval/sandbox/ is one public API (its __init__); its modules' private names stay inside it."""
+    sandbox = REPO / "eval" / "sandbox"
+    files = [p for folder in ("eval", "benchmarks", "scripts", "tests") for p in (REPO / folder).rglob("*.py")
+             if sandbox not in p.parents]
+    private = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eval.sandbox"):
+                private += [f"{path.relative_to(REPO)}: {a.name}" for a in node.names if a.name.startswith("_")]
+    assert private == []

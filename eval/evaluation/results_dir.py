@@ -7,7 +7,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from eval.benchmarks import data_fingerprint
+from eval.benchmarks import benchmark_fingerprint
 from eval.engines.decode import DecodeSpec
 from eval.engines.width_table import AUTO, auto_path
 from eval.evaluation.config import EvalConfig
@@ -35,7 +35,7 @@ from headstart.run_dir import check_output_dir
 RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "system_prompt", "dtype", "sandbox_cpu_seconds",
                "backend", "timed_every")
 # And what they were computed from, by content: the weights loaded (model and adapter,
-# headstart.models.weights_fingerprint) and the data read (eval.benchmarks.data_fingerprint).
+# headstart.models.weights_fingerprint) and the data read (eval.benchmarks.benchmark_fingerprint).
 # The same path holding other weights (a retrained adapter) is other settings.
 FINGERPRINT_KEYS = ("weights_fingerprint", "data_fingerprint")
 # What the evaluator writes into a results directory (config.json aside).
@@ -59,7 +59,7 @@ def result_settings(config: EvalConfig, device: str | None = None) -> dict[str, 
         settings["width_cost"] = str(auto_path(config.model, device or resolve_device(config.device)))
     return settings | {
         "weights_fingerprint": weights_fingerprint(config.model, config.adapter),
-        "data_fingerprint": data_fingerprint(config.benchmark, config.data_path),
+        "data_fingerprint": benchmark_fingerprint(config.benchmark, config.data_path),
     }
 
 
