@@ -14,10 +14,10 @@ import pytest
 import torch
 from test_before_after import make_adapter
 
-from eval import runner, suite
 from eval.__main__ import main
 from eval.before_after import BeforeAfterConfig, run_before_after
 from eval.engines.decode import DecodeSpec
+from eval.evaluation import runner, suite
 from eval.evaluation.config import EvalConfig
 from eval.evaluation.runner import run_evaluation
 from eval.evaluation.suite import run_suite

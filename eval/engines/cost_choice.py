@@ -1,8 +1,8 @@
 """Tree size and block length chosen per forward by expected time saved (`decode.lookup_choice=cost`).
 
-A proposal is worth its width only if it is accepted far enough: on a CPU a forward of 9
-tokens costs about two one-token steps, so it pays back only when it keeps at least one
-proposed token on average. The chooser sees the configured proposer's candidates (the best
+A proposal is worth its width only if it is accepted far enough: on a CPU a wide forward
+costs several one-token steps, so it pays back only when it keeps enough proposed tokens on
+average. The chooser sees the configured proposer's candidates (the best
 `lookup_tree` continuations, each as long as its context earns) and picks, for each forward,
 one option: a plain step, or the first t candidates cut to k tokens (t, k powers of two up to
 the configured ones). It picks the option with the most tokens per unit of cost over this

@@ -25,8 +25,7 @@ from eval.engines.tokens import common_prefix_length, through_first_eos
 
 ROOT = -1  # a node's parent when it follows the answer's last token
 # Occurrences of the answer's head (the answer less its last d tokens) resumed, longest context
-# first: on recorded HumanEval drafts (tree of 16, realign 3) two give a 5.47x median forward
-# speedup, one 5.27x, three 5.50x with wider trees (docs/results.md#realignment-candidates).
+# first: two, the fewest that kept the realigned tree's speedup on recorded drafts.
 REALIGNED_OCCURRENCES = 2
 
 

@@ -1,8 +1,7 @@
 """What a forward costs by its width, on one machine for one model (`decode.width_cost`).
 
 A forward that feeds w tokens after a cached context costs about what a one-token step
-does on a GPU at batch 1 (memory-bound), but several times more on a CPU (compute-bound:
-here 2 tokens cost 1.8x a step, 65 tokens 4.8x). PROTOCOL.md counts every forward as one,
+does on a GPU at batch 1 (memory-bound), but several times more on a CPU (compute-bound). PROTOCOL.md counts every forward as one,
 whatever its width; the wall clock pays the width. So the table is measured once per
 machine and model (`python -m eval.width_cost`, or `decode.width_cost=auto` when the
 evaluator loads the model), kept as a small JSON file, and reused by
