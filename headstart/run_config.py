@@ -23,13 +23,10 @@ class ModelSetting:
 
 @dataclass
 class DeviceSetting:
-    """The `device` key: where a run computes, checked as a name (whether CUDA works there is
-    asked when the run starts)."""
+    """The `device` key: where a run computes. The schema that holds it checks it (`check_device`, under
+    the key's full name); whether CUDA works there is asked when the run starts."""
 
     device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
-
-    def __post_init__(self) -> None:
-        check_device(self.device)
 
 
 @dataclass
@@ -40,4 +37,4 @@ class ModelOnDevice(DeviceSetting, ModelSetting):
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
-        super().__post_init__()
+        check_device(self.device)
