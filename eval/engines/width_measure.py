@@ -60,7 +60,14 @@ def resolve(setting: str, name: str, device: str, model: PreTrainedModel | None 
 
 def use_auto_table(decode: DecodeSpec, name: str, model: PreTrainedModel) -> None:
     """Give `decode` this machine's table for `name` when its width_cost is `auto`: measured
-    once per machine and model, then read."""
+    once per machine and model, then read; a table `decode` holds for this model and machine
+    already is kept.
+
+    Args:
+        decode: the decode settings; their table is set in place.
+        name: the model's name, as the table records it.
+        model: the loaded model (its device names the machine; it is measured when no table exists).
+    """
     if decode.width_cost != AUTO:
         return
     held = decode.resolved_width_table

@@ -109,10 +109,17 @@ def _rejected(error: _Rejected) -> ExecutionResult:
 def run_contained(source: str, limits: SandboxLimits, bootstrap: str, extra_fds: tuple[int, ...] = (),
          during: Callable[[float], bool] | None = None) -> tuple[ExecutionResult, bytes]:
     """Run one program; returns how it ended and what its bootstrap reported.
-    `extra_fds` (owned by this call from now on) are passed to the program, their
-    numbers appended to the bootstrap's argv. `during(deadline)`, called once the
-    sandbox runs, waits for a companion of the program (the trusted side of
-    run_calls) and says whether it finished in time; the program is ended after it."""
+
+    Args:
+        source: the program's text.
+        limits: what the run may use.
+        bootstrap: the trusted code that starts the program (`eval.sandbox.bootstrap`).
+        extra_fds: descriptors passed to the program (owned by this call from now on), their
+            numbers appended to the bootstrap's argv.
+        during: called once the sandbox runs, with the deadline: waits for a companion of the
+            program (the trusted side of `run_calls`) and says whether it finished in time; the
+            program is ended after it. None: wait for the program itself.
+    """
     run = _Run(limits, extra_fds)
     try:
         try:
