@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 from legacy_format import legacy_humaneval_requests, legacy_mbpp_requests  # beside this script
 
-from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.runner import run_evaluation
 from eval.reporting.tables import markdown_rows
-from eval.runner import run_evaluation
 from headstart.config import load_config
 from headstart.models import load_model
 from headstart.paths import outputs_dir

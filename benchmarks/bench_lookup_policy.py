@@ -9,7 +9,7 @@ CPU, so the block size that saves the most forwards is not the fastest. In one
 run, on the same warm model and the same requests:
 
 1. the cost of one forward against the number of tokens it feeds: this machine's width-cost table
-   for the model (eval/engines/width_cost.py; measured once, the one `decode.width_cost=auto` reads);
+   for the model (eval/engines/width_table.py; measured once, the one `decode.width_cost=auto` reads);
 2. for each policy (block sizes at n-grams 3..1, first occurrence; then n-gram
    lengths and occurrence at one block size), the residual update of each request (its
    drafts decoded once, greedy, and shared by every policy), timed at batch size 1
@@ -33,12 +33,12 @@ import torch
 from tqdm import tqdm
 
 from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig, decode_with
 from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import Drafting, batched_greedy, final_update
-from eval.engines.width_cost import AUTO
-from eval.engines.width_cost import resolve as resolve_width_cost
-from eval.evaluator import StreamingEvaluator
+from eval.engines.width_measure import resolve as resolve_width_cost
+from eval.engines.width_table import AUTO
+from eval.evaluation.config import EvalConfig, decode_with
+from eval.evaluation.evaluator import StreamingEvaluator
 from eval.reporting.tables import markdown_rows
 from headstart.files import read_jsonl
 from headstart.models import load_model

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from eval.config import EvalConfig
-from eval.runner import run_evaluation
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.runner import run_evaluation
 from headstart.config import find_recipe, load_config
 from headstart.paths import outputs_dir
 

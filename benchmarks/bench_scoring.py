@@ -5,7 +5,7 @@ Each case is one benchmark request and one answer (the model's text, as the benc
 
 - project: `get_benchmark("humaneval").score(request, answer)`, or MBPP's with
   `data_path="data/mbpp/mbpp.jsonl"`: the program in the bwrap sandbox, the tests in the
-  trusted checker (eval/benchmarks/, eval/sandbox_calls.py). Its verdict, and its detail:
+  trusted checker (eval/benchmarks/, eval/sandbox/calls.py). Its verdict, and its detail:
   the status and the last line of what the run reported (where the tests stopped).
 - official: in a throw-away subprocess of this script (its own session, address-space,
   CPU-time and file-size limits, killed as a group if it outlives the timeout; no program
@@ -68,7 +68,7 @@ from tqdm import tqdm
 import eval.benchmarks.humaneval as humaneval_module
 import eval.benchmarks.mbpp as mbpp_module
 from eval.benchmarks import Request, get_benchmark
-from eval.extract import extract_code
+from eval.benchmarks.extract import extract_code
 from eval.sandbox import SandboxUnavailable
 from headstart.benchmark_registry import DATA
 from headstart.paths import DATA_DIR

@@ -41,8 +41,8 @@ from omegaconf import OmegaConf
 
 from eval.benchmarks import get_benchmark
 from eval.benchmarks.base import Request
+from eval.evaluation.typing_sim import AVERAGE_TYPIST_CPM
 from eval.reporting.tables import markdown_rows
-from eval.typing_sim import AVERAGE_TYPIST_CPM
 from headstart.files import read_jsonl
 from headstart.paths import RECIPES_DIR
 

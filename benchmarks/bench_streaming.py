@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.evaluator import StreamingEvaluator
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.evaluator import StreamingEvaluator
+from eval.evaluation.runner import run_evaluation
 from eval.reporting.tables import markdown_table
-from eval.runner import run_evaluation
 from headstart.models import load_model
 from headstart.paths import outputs_dir
 

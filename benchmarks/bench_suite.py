@@ -19,8 +19,8 @@ from dataclasses import replace
 
 import torch
 
-from eval.config import EvalConfig
-from eval.suite import report_finished, run_suite
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.suite import report_finished, run_suite
 from headstart.config import load_config
 from headstart.models import load_model
 from headstart.paths import outputs_dir

@@ -34,9 +34,9 @@ from data_builders.answer_cache import AnswerCache
 from data_builders.config import GenerationConfig
 from data_builders.generation import GenerationSettings, greedy_answers_finished
 from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.evaluator import StreamingEvaluator
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.evaluator import StreamingEvaluator
 from headstart.models import load_model
 from headstart.paths import DATA_DIR
 from headstart.vllm_client import vllm_unavailable

@@ -23,8 +23,8 @@ from transformers import PreTrainedModel
 
 from eval.benchmarks import Request, get_benchmark
 from eval.engines.tokens import common_prefix_length
-from eval.evaluator import StreamingEvaluator
-from eval.results_dir import saved_config
+from eval.evaluation.evaluator import StreamingEvaluator
+from eval.evaluation.results_dir import saved_config
 from headstart.files import read_jsonl
 from headstart.models import load_model
 

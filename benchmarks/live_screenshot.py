@@ -25,13 +25,13 @@ from eval.engines.decode import DecodeSpec
 from eval.live import LiveConfig
 from eval.serve import start_server
 from headstart.config import run_cli
+from headstart.run_config import ModelSetting
 
 
 @dataclass
-class ScreenshotConfig:
+class ScreenshotConfig(ModelSetting):
     """Type one request into the live page and save a screenshot."""
 
-    model: str = field(default="smollm2", metadata={"help": "Model served by the page, as for `python -m eval.live`."})
     benchmark: str = field(default="humaneval", metadata={"help": "Benchmark the typed request comes from."})
     request: int = field(default=0, metadata={"help": "Index of the request among the benchmark's streamable ones."})
     cpm: float = field(default=400.0, metadata={"help": "Typing speed, characters per minute."})

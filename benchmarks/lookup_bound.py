@@ -13,7 +13,7 @@ the block size. No proposer that draws on these sources can beat
 the oracle, so its median bounds what a better policy could buy on these answers. Beside each
 policy, the tokens its regeneration forwards feed on average (a tree's nodes and the answer's
 last token): what its forwards cost where width is dear.
-With --width-cost (a table file, eval/engines/width_cost.py), each policy's wall-clock
+With --width-cost (a table file, eval/engines/width_table.py), each policy's wall-clock
 speedup as that table prices its forwards (the prefill and steps of the baseline against
 the verify pass and the regeneration forwards, each at its width) is printed beside.
 """
@@ -26,15 +26,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from eval.benchmarks import get_benchmark
-from eval.config import decode_with
 from eval.engines.decode import DecodeSpec
 from eval.engines.lookup import update_widths
 from eval.engines.tokens import common_prefix_length
-from eval.engines.width_cost import WidthCost, use_auto_table
-from eval.evaluator import StreamingEvaluator
+from eval.engines.width_measure import use_auto_table
+from eval.engines.width_table import WidthCost
+from eval.evaluation.config import decode_with
+from eval.evaluation.evaluator import StreamingEvaluator
+from eval.evaluation.results_dir import saved_config
+from eval.evaluation.typing_sim import verify_width
 from eval.reporting.tables import markdown_rows
-from eval.results_dir import saved_config
-from eval.typing_sim import verify_width
 from headstart.files import read_jsonl
 from headstart.models import load_model
 

@@ -13,7 +13,7 @@ from eval.reporting.wandb_report import wandb_mode
 from headstart.files import read_jsonl
 
 if TYPE_CHECKING:
-    from study_adaptation import StudyConfig
+    from study_config import StudyConfig
 
 CURVE_KEYS = ("forwards_stream_median", "draft_kept_mean", "single_forward_share", "quality_stream")
 

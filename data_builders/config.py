@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from headstart.benchmark_registry import EVALUATION_SETS
+from headstart.run_config import DeviceSetting, ModelSetting
 from headstart.vllm_settings import VLLMSettings
 
 
@@ -72,7 +73,7 @@ class DecontaminationConfig:
 
 
 @dataclass
-class GenerationConfig:
+class GenerationConfig(DeviceSetting):
     backend: str = field(
         default="auto",
         metadata={"help": "auto (vLLM when its environment exists and a GPU is present), transformers or vllm."},
@@ -83,7 +84,6 @@ class GenerationConfig:
                           "schedules its own batches)."},
     )
     max_new_tokens: int = field(default=512, metadata={"help": "Longest generated answer or draft."})
-    device: str | None = field(default=None, metadata={"help": "Torch device for transformers; null: cuda if present."})
     cache_files: list[str] = field(
         default_factory=list,
         metadata={"help": "Read-only answer caches consulted before generating."},
@@ -96,7 +96,7 @@ class GenerationConfig:
 
 
 @dataclass
-class BuildConfig:
+class BuildConfig(ModelSetting):
     name: str = field(default="dataset", metadata={"help": "Dataset name; the default output is outputs/data/NAME."})
     sources: list[str] = field(
         default_factory=lambda: ["lmsys"],
@@ -119,7 +119,6 @@ class BuildConfig:
         default="reference",
         metadata={"help": "reference (the corpus's answer) or self (the model's greedy answer)."},
     )
-    model: str = field(default="smollm2", metadata={"help": "Model for self-distilled answers and drafts."})
     tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer for token caps and statistics; null: the model's."})
     filters: FilterConfig = field(default_factory=FilterConfig, metadata={"help": "Which requests are eligible."})
     caps: CapConfig = field(default_factory=CapConfig, metadata={"help": "Size limits."})

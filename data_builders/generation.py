@@ -17,31 +17,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from data_builders.answer_cache import AnswerCache, answer_key, model_identity
+from data_builders.config import GenerationConfig
 from headstart.devices import default_device
 from headstart.models import end_token_ids
 from headstart.paths import safe_name
 from headstart.prompts import build_messages, render_prompt
+from headstart.run_config import ModelSetting
 from headstart.vllm_client import VLLMEngines, needed_model_len, vllm_dtype, vllm_model, vllm_unavailable
-from headstart.vllm_settings import VLLMSettings
 
 Generate = Callable[[list[str]], list[tuple[str, bool]]]  # prompts -> (answer, finished) each
 
 
 @dataclass
-class GenerationSettings:
-    model: str
-    max_new_tokens: int
-    batch_size: int
-    backend: str = "auto"
-    device: str | None = None
-    vllm: VLLMSettings = field(default_factory=VLLMSettings)
+class GenerationSettings(ModelSetting, GenerationConfig):
+    """A build's `generation` section with the model it runs (the build's `model`)."""
 
 
 def greedy_answers_finished(

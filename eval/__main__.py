@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import sys
 
-from eval.config import EvalConfig
+from eval.evaluation.config import EvalConfig
 from headstart.config import run_cli
 
 
 def evaluate(config: EvalConfig) -> None:
     """A suite when the recipe lists several benchmarks or rules, else one evaluation."""
-    from eval.runner import run_evaluation  # here, not above: `--help` loads neither
-    from eval.suite import report_finished, run_suite
+    from eval.evaluation.runner import run_evaluation  # here, not above: `--help` loads neither
+    from eval.evaluation.suite import report_finished, run_suite
 
     if config.report_only:
         report_finished(config)

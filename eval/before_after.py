@@ -17,30 +17,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eval.config import EvalConfig, check_limit, check_timed_every
-from eval.engines.decode import DecodeSpec, decode_label
+from eval.engines.decode import decode_label
+from eval.evaluation.config import EvalConfig, EvaluationSettings, check_limit
 from eval.reporting.tables import macro_average, markdown_rows, markdown_table
 from eval.reporting.typing_report import TYPING_NOTE, TYPING_TITLE, break_even_notes, typing_rows, typing_section
 from eval.reporting.wandb_report import log_side
-from eval.shards import parse_shard
 from headstart.config import config_to_dict, dump_config, run_cli
-from headstart.device_names import check_device, check_dtype
 from headstart.files import read_jsonl
 from headstart.paths import outputs_dir
 from headstart.prompts import check_evaluation_system_setting
 from headstart.run_dir import check_output_dir, write_mark
 
 if TYPE_CHECKING:
+    from eval.evaluation.runner import PreparedRun
     from eval.reporting.paired import PairedComparison
 
 KIND = "before-after"
 
 
 @dataclass
-class BeforeAfterConfig:
-    """Evaluate a base model and its adaptation with identical settings."""
+class BeforeAfterConfig(EvaluationSettings):
+    """Evaluate a base model (`model`) and its adaptation with identical settings."""
 
-    model: str = field(default="smollm2", metadata={"help": "Base model (embedded name, hub id, dir or .gguf)."})
     adapted: str = field(
         default=str(outputs_dir("train", "smollm2_prefix", "adapter")),
         metadata={"help": "Adapted model: LoRA adapter dir or merged model dir."},
@@ -51,44 +49,14 @@ class BeforeAfterConfig:
                           "table."},
     )
     benchmarks: list[str] = field(default_factory=lambda: ["humaneval"], metadata={"help": "Benchmarks to run on both sides."})
-    data_paths: dict[str, str] = field(
-        default_factory=dict,
-        metadata={"help": "Local data per benchmark name, e.g. {mbpp: path}."},
-    )
     limit: int | None = field(
         default=10,
         metadata={"help": "Requests per benchmark (first N with n >= 2); null: all; 0: check only (both sides' settings, data, "
                           "models, output dirs), evaluate and write nothing."},
     )
-    decode: DecodeSpec = field(
-        default_factory=DecodeSpec,
-        metadata={"help": "Decode settings of both sides (eval.engines.decode)."},
-    )
     system_prompt: str = field(
         default="incomplete",
         metadata={"help": "System message for both sides: 'incomplete', 'model' or text."},
-    )
-    backend: str = field(
-        default=EvalConfig.backend,
-        metadata={"help": "Fast-path drafting of both sides on 'transformers' or 'vllm' (EvalConfig.backend)."},
-    )
-    fast_batch_size: int = field(
-        default=EvalConfig.fast_batch_size,
-        metadata={"help": "Prefixes decoded together on the fast path (EvalConfig.fast_batch_size; raise it with vllm)."},
-    )
-    timed_every: int = field(
-        default=EvalConfig.timed_every,
-        metadata={"help": "Count mode of both sides (EvalConfig.timed_every): time every N-th request, count the others "
-                          "from batched greedy drafts; 1: time all."},
-    )
-    typing: str | None = field(
-        default=None,
-        metadata={"help": "Typing-time simulation of both sides (eval.typing_sim): 'cpm:N', 'unlimited' or a keystroke trace "
-                          "file; null: off."},
-    )
-    typing_policy: str = field(
-        default="finish",
-        metadata={"help": "Typing simulation: 'finish' or 'abandon' an update when the next segment arrives."},
     )
     output_dir: str = field(
         default=str(outputs_dir("before_after", "smollm2")),
@@ -96,21 +64,11 @@ class BeforeAfterConfig:
     )
     wandb_project: str | None = field(default=None, metadata={"help": "W&B project; unset = offline run under output_dir."})
     wandb_group: str | None = field(default=None, metadata={"help": "W&B group linking both runs; default the output dir name."})
-    device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available."})
-    dtype: str | None = field(default=None, metadata={"help": "Torch dtype; default bf16 on GPU, fp32 on CPU."})
-    shard: str | None = field(
-        default=None,
-        metadata={"help": "INDEX/COUNT: every side and benchmark evaluates only its shard of the requests (eval.shards), no "
-                          "report; the same run without shard merges the shards and reports. null: all."},
-    )
 
     def __post_init__(self) -> None:
         check_limit(self.limit)
-        parse_shard(self.shard)
-        check_timed_every(self.timed_every, self.decode)
         self.system_prompt = check_evaluation_system_setting(self.system_prompt)
-        check_dtype(self.dtype)
-        check_device(self.device)
+        super().__post_init__()
         for name in self.more_adapted:
             if name in ("before", "after") or not name.replace("_", "").replace("-", "").isalnum():
                 raise ValueError(f"more_adapted: side name {name!r} must be a plain name other than before/after")
@@ -147,23 +105,22 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
     Every side is checked first (data, base and adapted weights, results already in
     output_dir: a retrained adapter at the same path is refused, not reused), so a
     bad setting fails before any model loads or any file is written."""
+    from eval.evaluation.runner import prepare_evaluation, run_evaluation  # here, not above: `--help` loads no torch
     from eval.reporting.paired import compare_sides  # numpy, scipy: not for `--help`
-    from eval.runner import prepare_evaluation, run_evaluation  # here, not above: `--help` loads no torch
 
     output_dir = Path(config.output_dir)
     unknown = set(config.data_paths) - set(config.benchmarks)
     if unknown:
         raise ValueError(f"data_paths names benchmarks not in benchmarks: {', '.join(sorted(unknown))}")
     check_output_dir(output_dir, KIND)
-    for side in config.sides:
-        for benchmark in config.benchmarks:
-            prepare_evaluation(side_config(config, side, benchmark))
+    prepared = {(side, benchmark): prepare_evaluation(side_config(config, side, benchmark))
+                for side in config.sides for benchmark in config.benchmarks}
     if config.limit == 0:
         print(f"limit=0: every side of {', '.join(config.benchmarks)} checked; nothing evaluated, nothing written")
         return {}
     write_mark(output_dir, KIND)
     if config.shard:
-        return run_shard(config)
+        return run_shard(config, prepared)
     output_dir.mkdir(parents=True, exist_ok=True)
     dump_config(config, output_dir / "config.yaml")
     summaries: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in config.benchmarks}
@@ -171,7 +128,7 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
     for side in config.sides:
         for benchmark in config.benchmarks:
             evaluation = side_config(config, side, benchmark)
-            summaries[benchmark][side] = run_evaluation(evaluation)
+            summaries[benchmark][side] = run_evaluation(evaluation, prepared=prepared[side, benchmark])
             records[benchmark][side] = read_jsonl(Path(evaluation.output_dir) / "results.jsonl")
     paired = compare_sides(records)
     figures = write_figures(summaries, records, output_dir / "figures", paired)
@@ -184,16 +141,23 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
     return summaries
 
 
-def run_shard(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]]]:
+def run_shard(config: BeforeAfterConfig,
+              prepared: dict[tuple[str, str], PreparedRun] | None = None) -> dict[str, dict[str, dict[str, Any]]]:
     """One shard of every side and benchmark, each into its own shards/ directory; the
     report (and the W&B runs) come from the run without shard, which merges the shards.
-    Nothing else is written, so that shards running at once never share a file."""
-    from eval.runner import run_evaluation  # here, not above: `--help` loads no torch
+    Nothing else is written, so that shards running at once never share a file.
+
+    Args:
+        config: the before/after settings, with `shard` set.
+        prepared: (side, benchmark) -> its run as `run_before_after` checked it; None: checked here.
+    """
+    from eval.evaluation.runner import run_evaluation  # here, not above: `--help` loads no torch
 
     summaries: dict[str, dict[str, dict[str, Any]]] = {b: {} for b in config.benchmarks}
     for side in config.sides:
         for benchmark in config.benchmarks:
-            summaries[benchmark][side] = run_evaluation(side_config(config, side, benchmark))
+            summaries[benchmark][side] = run_evaluation(side_config(config, side, benchmark),
+                                                        prepared=(prepared or {}).get((side, benchmark)))
     print(f"\nshard {config.shard} done; the same command without shard merges the shards and writes the report")
     return summaries
 

@@ -3,7 +3,7 @@
 One vLLM engine (the vLLM environment, eval.serving.engine_worker) decodes every answer greedily;
 its speculative proposer verifies drafts made while the request was typed (typing sessions,
 eval.serving.sessions) or passed as OpenAI's `prediction`. The HTTP API is in eval.serving.api;
-the live page (eval.live) is served beside it at `/`.
+the live page (eval/serving/page.py) is served beside it at `/`.
 
 Adapters are merged into the base weights once, then served as a plain model (cached under
 ~/.cache/headstart/merged): a merged model runs at the base model's speed, while vLLM's LoRA
@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 from eval.engines.decode import DecodeSpec
 from headstart.config import run_cli
-from headstart.device_names import check_device, check_dtype
 from headstart.prompts import check_evaluation_system_setting
+from headstart.run_config import ModelOnDevice
 from headstart.vllm_settings import VLLMSettings
 
 if TYPE_CHECKING:
@@ -32,11 +32,10 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class ServeConfig:
-    """Serve a model with streaming generation: OpenAI chat completions and typing sessions on vLLM."""
+class ServeConfig(ModelOnDevice):
+    """Serve a model with streaming generation: OpenAI chat completions and typing sessions on vLLM. `model` may be
+    a merged dir or an adapter dir (merged before serving)."""
 
-    model: str = field(default="smollm2", metadata={"help": "Model: embedded name, hub id, local or merged dir, or an "
-                                                           "adapter dir (merged before serving)."})
     adapter: str | None = field(default=None, metadata={"help": "LoRA adapter dir on `model`, merged before serving."})
     drafts: bool = field(default=True, metadata={"help": "Verify drafts as speculative proposals (false: plain vLLM, "
                                                           "the reference the drafts' answers must equal)."})
@@ -54,8 +53,6 @@ class ServeConfig:
     max_model_len: int = field(default=4096, metadata={"help": "Longest prompt + answer a request may take."})
     host: str = field(default="127.0.0.1", metadata={"help": "Address to listen on."})
     port: int = field(default=8000, metadata={"help": "Port to listen on."})
-    device: str | None = field(default=None, metadata={"help": "cpu or cuda; default cuda when available."})
-    dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
     vllm: VLLMSettings = field(default_factory=VLLMSettings, metadata={"help": "The vLLM engine's settings."})
 
     def __post_init__(self) -> None:
@@ -66,8 +63,7 @@ class ServeConfig:
             raise ValueError(f"max_model_len={self.max_model_len} leaves no room for a prompt beside "
                              f"decode.max_new_tokens={self.decode.max_new_tokens}")
         self.system_prompt = check_evaluation_system_setting(self.system_prompt)
-        check_dtype(self.dtype)
-        check_device(self.device)
+        super().__post_init__()  # dtype, device
         if not 1 <= self.port <= 65535:
             raise ValueError(f"port={self.port}: a TCP port is 1-65535")
 
@@ -106,9 +102,9 @@ def start_server(config: ServeConfig) -> Server:
     """Load the tokenizer, start the engine, build the app (the live page included)."""
     from transformers import GenerationConfig
 
-    from eval.live import live_routes
     from eval.serving.api import Served, build_app
     from eval.serving.engine import ServingEngine, serving_engine_args
+    from eval.serving.page import live_routes
     from eval.serving.sessions import Sessions
     from headstart.devices import resolve_device
     from headstart.model_files import check_local_source, is_adapter_dir
@@ -156,7 +152,7 @@ def start_server(config: ServeConfig) -> Server:
 def serve(config: ServeConfig) -> None:
     import uvicorn
 
-    from eval.live import check_listenable
+    from eval.serving.page import check_listenable
 
     check_listenable(config.host, config.port)
     server = start_server(config)

@@ -1,5 +1,5 @@
 """`python -m eval.width_cost model=NAME`: measure what a forward costs by its width on this
-machine (eval/engines/width_cost.py) and keep the table where `decode.width_cost=auto` finds it."""
+machine (eval/engines/width_measure.py) and keep the table where `decode.width_cost=auto` finds it."""
 
 from __future__ import annotations
 
@@ -7,16 +7,13 @@ import sys
 from dataclasses import dataclass, field
 
 from headstart.config import run_cli
-from headstart.device_names import check_device, check_dtype
+from headstart.run_config import ModelOnDevice
 
 
 @dataclass
-class WidthCostConfig:
+class WidthCostConfig(ModelOnDevice):
     """One model's width-cost table on this machine."""
 
-    model: str = field(default="smollm2", metadata={"help": "Model: embedded name, hub id or local dir (as `python -m eval`)."})
-    device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
-    dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
     repeats: int = field(default=5, metadata={"help": "Timed forwards per width (the median is kept), after one warm-up."})
     output: str | None = field(
         default=None,
@@ -25,8 +22,7 @@ class WidthCostConfig:
     )
 
     def __post_init__(self) -> None:
-        check_device(self.device)
-        check_dtype(self.dtype)
+        super().__post_init__()  # device, dtype
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, not {self.repeats}")
 
@@ -35,7 +31,8 @@ def measure_table(config: WidthCostConfig) -> None:
     """Measure, write, and print the table (seconds and steps per width)."""
     from pathlib import Path
 
-    from eval.engines.width_cost import auto_path, measure
+    from eval.engines.width_measure import measure
+    from eval.engines.width_table import auto_path
     from headstart.models import load_model
 
     loaded = load_model(config.model, dtype=config.dtype, device=config.device)

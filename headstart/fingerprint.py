@@ -2,8 +2,7 @@
 
 A fingerprint hashes bytes, never sizes or modification times: two adapters of
 the same size written in the same second differ in their fingerprint. Each file
-is read once per process (SHA-256 runs at about 0.7-1 GB/s here: 0.1 s for the
-98 MB SmolLM2 GGUF); a file written again since it was hashed (new size, mtime,
+is read once per process; a file written again since it was hashed (new size, mtime,
 ctime or inode) is read again.
 """
 

@@ -2,7 +2,7 @@
 # Install headstart and what it needs on a fresh machine (idempotent, CPU-only).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# System packages (root, Debian/Ubuntu): bubblewrap, without which eval/sandbox.py runs no
+# System packages (root, Debian/Ubuntu): bubblewrap, without which eval/sandbox/ runs no
 # model-written program; chromium and its driver for the live page's headless-browser test.
 need=()
 command -v bwrap >/dev/null || need+=(bubblewrap)

@@ -57,7 +57,7 @@ def check_eval(argv: list[str]) -> None:
     if any(arg.startswith("shard=") for arg in argv):
         raise ValueError("shard= is set by slurm/eval.sbatch for an array task (--eval-shards N); leave it out")
     if module == "eval":
-        from eval.config import EvalConfig
+        from eval.evaluation.config import EvalConfig
 
         load_config(EvalConfig, argv)
     else:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A sharded evaluation on Slurm: an array of SHARDS tasks of slurm/eval.sbatch (task i
-# evaluates shard i/SHARDS of every side and benchmark, eval/shards.py), then one job,
+# evaluates shard i/SHARDS of every side and benchmark, eval/evaluation/shards.py), then one job,
 # started once every task succeeded (afterok), that runs the same command without shard:
 # it checks and merges the shards and writes the report an unsharded run writes.
 #

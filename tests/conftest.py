@@ -71,7 +71,7 @@ def cpu_width_table(tmp_path_factory) -> Path:
     """A width-cost table as measured for SmolLM2-135M on the 2-core development CPU (seconds
     after 300 cached tokens, docs/results.md): a wide forward costs 2-7 steps. Fixed numbers,
     so that what the cost chooser picks does not depend on this machine's noise."""
-    from eval.engines.width_cost import WidthCost
+    from eval.engines.width_table import WidthCost
 
     path = tmp_path_factory.mktemp("width_cost") / "cpu.json"
     WidthCost((1, 2, 9, 17, 33, 65, 129), (0.091, 0.168, 0.207, 0.248, 0.309, 0.437, 0.601), 300, "smollm2",

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig
 from eval.engines.acceptance import AcceptanceRule
 from eval.engines.decode import DecodeSpec
 from eval.engines.tokens import common_prefix_length
-from eval.evaluator import StreamingEvaluator
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.evaluator import StreamingEvaluator
 from headstart.models import load_model
 
 MAX_NEW_TOKENS = 24

@@ -104,9 +104,9 @@ def test_before_after_refuses_a_retrained_adapter_at_the_same_path(tmp_path, tin
 
 def test_before_after_checks_both_sides_before_evaluating_either(tmp_path, tiny_qwen3_dir, monkeypatch, capsys):
     """A missing adapted model used to fail only after the whole 'before' side ran."""
-    import eval.runner
+    import eval.evaluation.runner
 
-    monkeypatch.setattr(eval.runner, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    monkeypatch.setattr(eval.evaluation.runner, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
     out = tmp_path / "report"
     common = [f"model={tiny_qwen3_dir}", f"output_dir={out}", "decode.max_new_tokens=4"]
     assert main([*common, f"adapted={tmp_path / 'no_adapter'}"]) == 2

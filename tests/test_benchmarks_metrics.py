@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from eval.config import EvalConfig
-from eval.extract import ds1000_postprocess, extract_text
+from eval.benchmarks.extract import ds1000_postprocess, extract_text
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.suite import report_finished, run_suite
 from eval.reporting.metrics import normalize_text, summarize, token_f1
 from eval.reporting.tables import macro_average, quality_table, suite_report
-from eval.suite import report_finished, run_suite
 from headstart.config import load_config
 from headstart.files import read_jsonl
 

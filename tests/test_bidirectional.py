@@ -1,5 +1,5 @@
 """The bidirectional control: full attention really is on, the LLaDA-style decoder
-costs its step count, and `eval.verifier_check` shows a causal verifier rejecting
+costs its step count, and the verifier study (benchmarks/study_verifier.py) shows a causal verifier rejecting
 a foreign draft that a bidirectional one approves."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from study_verifier import VerifierCheckConfig, check, main
 
 from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig
 from eval.engines.bidirectional import BidirectionalEngine, bidirectional_logits
 from eval.engines.decode import DecodeSpec
-from eval.evaluator import StreamingEvaluator
-from eval.verifier_check import VerifierCheckConfig, check, main
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.evaluator import StreamingEvaluator
 from headstart.models import load_model
 from headstart.refusion import add_refusion_tokens, mask_token_id
 
@@ -125,9 +125,9 @@ def test_verifier_check_cli_rejects_an_unknown_verifier(capsys):
 
 
 def test_verifier_check_limits_are_checked_before_any_model_loads(tmp_path, tiny_qwen3_dir, capsys, monkeypatch):
-    import eval.verifier_check
+    import study_verifier
 
-    monkeypatch.setattr(eval.verifier_check, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    monkeypatch.setattr(study_verifier, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
     output = tmp_path / "figures.json"
     for limit in (-1, 1):
         assert main([f"limit={limit}", f"output={output}"]) == 2

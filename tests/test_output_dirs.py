@@ -18,10 +18,10 @@ from test_train_support import REPO, humaneval_dialogues, launch_env, tiny_overr
 
 from eval.__main__ import main as eval_main
 from eval.before_after import BeforeAfterConfig, run_before_after
-from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.runner import run_evaluation
-from eval.suite import run_suite
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.runner import run_evaluation
+from eval.evaluation.suite import run_suite
 from headstart.config import dump_config, load_config
 from headstart.run_dir import MARK, OutputDirError, check_output_dir, write_mark
 from train.checkpoints import COMPLETE_MARKER

@@ -79,7 +79,7 @@ def test_the_applications_and_their_recipes_run_from_a_wheel(wheel_site, tmp_pat
     assert found.stdout.split() == [str(wheel_site / "headstart/recipes/train/smollm2_prefix.yaml"),
                                     str(wheel_site / "headstart/data/mbpp/mbpp.jsonl"),
                                     str(wheel_site / "data_builders/embedded/requests.jsonl")]
-    assert (wheel_site / "eval/live_page/index.html").is_file()
+    assert (wheel_site / "eval/serving/live_page/index.html").is_file()
     assert (wheel_site / "headstart/data/README.md").is_file() and (wheel_site / "headstart/data/mbpp/LICENSE").is_file()
 
 

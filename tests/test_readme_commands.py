@@ -379,7 +379,7 @@ def parse(entry: str, arguments: list[str]) -> None:
 
         parse_recipe(arguments)
     elif entry in ("eval", "slurm/eval.sbatch") and not any(a.startswith("recipe=before_after") for a in arguments):
-        from eval.config import EvalConfig
+        from eval.evaluation.config import EvalConfig
 
         load_config(EvalConfig, arguments)
     elif entry in ("eval.before_after", "slurm/eval.sbatch"):

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.engines.refusion import RefusionEngine
+from eval.engines.refusion_decoding import RefusionEngine
 from eval.engines.tokens import common_prefix_length
-from eval.evaluator import StreamingEvaluator
-from eval.runner import run_evaluation
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.evaluator import StreamingEvaluator
+from eval.evaluation.runner import run_evaluation
 from headstart.files import read_jsonl
 from headstart.models import load_model
 from headstart.refusion import mask_token_id

@@ -17,11 +17,10 @@ import pytest
 
 import eval.sandbox as sandbox
 from eval.benchmarks.mbpp import MBPP
-from eval.sandbox import SandboxLimits, run_many, run_tests
-from eval.sandbox_calls import TrustedTests, run_calls
-from eval.sandbox_cgroup import CgroupParent
-from eval.sandbox_cgroup import join as join_cgroup
-from eval.sandbox_host import Evaluator, UidRecords, sandbox_uid
+from eval.sandbox import SandboxLimits, TrustedTests, run_calls, run_many, run_tests
+from eval.sandbox.cgroup import CgroupParent
+from eval.sandbox.cgroup import join as join_cgroup
+from eval.sandbox.host import Evaluator, UidRecords, sandbox_uid
 
 REPO = Path(__file__).resolve().parent.parent
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5, memory_bytes=1 << 30, max_processes=16)
@@ -404,7 +403,7 @@ def test_without_bubblewrap_no_program_runs(monkeypatch):
 
 
 def test_without_bubblewrap_an_evaluation_stops_naming_the_request(data_dir, monkeypatch):
-    from eval.runner import _scores
+    from eval.evaluation.runner import _scores
     benchmark = MBPP(str(data_dir / "mbpp" / "mbpp.jsonl"), limits=LIMITS)
     request = benchmark.load(limit=1)[0]
     answer = "```python\ndef remove_Occ(s, ch):\n    return s\n```"

@@ -19,9 +19,9 @@ from eval.benchmarks.canitedit import CanItEdit
 from eval.benchmarks.ds1000 import DS1000
 from eval.benchmarks.humaneval import HumanEval
 from eval.benchmarks.mbpp import MBPP, program_names
-from eval.sandbox import SandboxLimits, run_tests
-from eval.sandbox_calls import MAX_ANSWER_BYTES, TrustedTests, run_calls
-from eval.sandbox_codec import NotPlainData, dumps, from_wire, plain, to_wire
+from eval.sandbox import SandboxLimits, TrustedTests, run_calls, run_tests
+from eval.sandbox.calls import MAX_ANSWER_BYTES
+from eval.sandbox.codec import NotPlainData, dumps, from_wire, plain, to_wire
 from headstart.paths import DATA_DIR
 
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5)
@@ -313,8 +313,8 @@ def test_ds1000_reference_still_passes_under_the_guard():
 
 
 def test_the_results_record_what_contained_each_verdict(humaneval_problem):
+    from eval.evaluation.runner import _scores
     from eval.reporting.metrics import summarize
-    from eval.runner import _scores
     benchmark, request, problem = humaneval_problem
     answer = fenced(problem["prompt"] + problem["canonical_solution"])
     record = {"base_answer": answer, "stream_answer": answer}

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from eval.sandbox import SandboxLimits, run_many, run_tests
-from eval.sandbox_cgroup import CgroupParent
-from eval.sandbox_host import UID_RECORDS, Evaluator, UidRecords, sandbox_uid
+from eval.sandbox.cgroup import CgroupParent
+from eval.sandbox.host import UID_RECORDS, Evaluator, UidRecords, sandbox_uid
 
 REPO = Path(__file__).resolve().parent.parent
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5, memory_bytes=1 << 30, max_processes=16)
@@ -128,7 +128,7 @@ def test_a_program_that_drains_its_status_channel_fails_and_the_next_one_runs(us
     out = evaluator(f"""
         import json
         from eval.sandbox import SandboxLimits, run_tests
-        from eval.sandbox_calls import TrustedTests, run_calls
+        from eval.sandbox import TrustedTests, run_calls
         limits = SandboxLimits(cpu_seconds=2, wall_seconds=5)
         job = TrustedTests(prelude="", body="assert double(2) == 4\\n", proxies=("double",))
         double = "def double(x):\\n    return 2 * x\\n"
@@ -165,7 +165,7 @@ def test_answers_that_make_the_checker_work_hard_fail_within_its_own_limits(atta
     out = evaluator(f"""
         import json, resource
         from eval.sandbox import SandboxLimits
-        from eval.sandbox_calls import TrustedTests, run_calls
+        from eval.sandbox import TrustedTests, run_calls
         limits = SandboxLimits(cpu_seconds=6, wall_seconds=15, memory_bytes=1 << 30)
         result = run_calls({program!r}, TrustedTests(prelude="", body={body!r}, proxies=("f",)), limits)
         used = resource.getrusage(resource.RUSAGE_CHILDREN)  # the checker's, the program's and bwrap's
@@ -186,7 +186,7 @@ def test_an_evaluator_that_is_a_subreaper_is_left_no_zombie(user):
         import ctypes, json, os
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER, as an init-less container's harness
         from eval.sandbox import SandboxLimits, run_many
-        from eval.sandbox_calls import TrustedTests, run_calls
+        from eval.sandbox import TrustedTests, run_calls
         detached = "import os, time\\nif os.fork() == 0:\\n    os.setsid()\\n    time.sleep(60)\\nassert True\\n"
         programs = ["assert True\\n", "import time\\ntime.sleep(60)\\n", detached, "assert False\\n"] * 2
         limits = SandboxLimits(cpu_seconds=2, wall_seconds=3)

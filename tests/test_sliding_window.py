@@ -22,12 +22,12 @@ from transformers import (
     SiglipVisionConfig,
 )
 
-from eval.config import EvalConfig
 from eval.engines.ar import AREngine
 from eval.engines.base import new_cache
 from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import TransformersDrafter, batched_greedy, final_update, greedy_drafting, round_drafts
-from eval.runner import run_evaluation
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.runner import run_evaluation
 from headstart.config import load_config
 from headstart.files import read_jsonl
 from headstart.models import load_model

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import random
 
-from eval.engines.lookup import LongestMatchProposer, LookupPolicy, regeneration_widths
+from eval.engines.lookup import LongestMatchProposer, regeneration_widths
+from eval.engines.lookup_policy import LookupPolicy
 from eval.engines.tokens import through_first_eos
 
 EOS = 9

@@ -11,7 +11,8 @@ import torch
 from test_suffix_index import EOS
 from transformers import LlamaConfig
 
-from eval.engines.lookup import LongestMatchProposer, LookupPolicy, regeneration_widths
+from eval.engines.lookup import LongestMatchProposer, regeneration_widths
+from eval.engines.lookup_policy import LookupPolicy
 from eval.engines.token_tree import ROOT, TokenTree, TreeProposer, tree_matched
 from eval.engines.tokens import common_prefix_length
 from eval.engines.tree_mask import tree_attention_mask, tree_masks

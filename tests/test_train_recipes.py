@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]  # accelerate reads the DeepSpeed fil
 SCHEMAS = {
     "train": ("train.config", "TrainRecipe"),
     "data": ("data_builders.config", "BuildConfig"),
-    "eval": ("eval.config", "EvalConfig"),
+    "eval": ("eval.evaluation.config", "EvalConfig"),
 }
 ALL_YAML = sorted(RECIPES_DIR.rglob("*.yaml"))
 TRAIN_RECIPES = ["smollm2_prefix", "qwen3_prefix", "llama31_prefix", "gemma3_prefix"]

@@ -8,11 +8,11 @@ import json
 import pytest
 from wandb_log import logged_by_runs
 
-from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.engines.width_cost import WidthCost
-from eval.runner import run_evaluation
-from eval.typing_sim import UNLIMITED, cpm_typist, parse_typist, read_trace, simulate, typing_summary
+from eval.engines.width_table import WidthCost
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.runner import run_evaluation
+from eval.evaluation.typing_sim import UNLIMITED, cpm_typist, parse_typist, read_trace, simulate, typing_summary
 from headstart.files import read_jsonl
 
 PLAIN = DecodeSpec(regenerate="plain")

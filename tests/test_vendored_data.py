@@ -72,7 +72,7 @@ def test_every_vendored_file_is_listed_with_its_checksum_and_license():
 
 
 def test_offline_recipes_read_the_vendored_copies():
-    from eval.config import EvalConfig
+    from eval.evaluation.config import EvalConfig
     from headstart.config import load_config
 
     paths = load_config(EvalConfig, ["recipe=suite_smollm2"]).data_paths
@@ -138,7 +138,7 @@ def no_network(monkeypatch):
 
 def test_local_files_never_touch_the_hub(no_network):
     from eval.benchmarks import get_benchmark
-    from eval.config import EvalConfig
+    from eval.evaluation.config import EvalConfig
     from headstart.config import load_config
 
     config = load_config(EvalConfig, ["recipe=suite_smollm2"])

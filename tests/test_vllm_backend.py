@@ -23,11 +23,11 @@ from data_builders.build import build
 from data_builders.config import BuildConfig
 from data_builders.generation import cache_path
 from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig
 from eval.engines.acceptance import AcceptanceRule
 from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import TransformersDrafter, batched_greedy, round_drafts
-from eval.evaluator import StreamingEvaluator
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.evaluator import StreamingEvaluator
 from headstart.config import load_config
 from headstart.vllm_client import vllm_unavailable
 
@@ -62,14 +62,14 @@ def test_vllm_backend_needs_the_fast_path():
 
 
 def test_the_report_says_what_ran_on_vllm_and_what_was_timed():
-    from eval.runner import timing_note
+    from eval.evaluation.runner import timing_note
 
     assert timing_note(EvalConfig(backend="vllm")) == ("Drafting (counted, not timed) on vllm; the baselines and the "
                                                       "timed residual phase on transformers at batch 1.")
 
 
 def test_a_missing_vllm_environment_is_refused_before_any_model_loads(tmp_path):
-    from eval.runner import prepare_evaluation
+    from eval.evaluation.runner import prepare_evaluation
     from headstart.vllm_settings import VLLMSettings
 
     absent = VLLMSettings(python=str(tmp_path / "no-venv" / "bin" / "python"))

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from eval.benchmarks import get_benchmark
-from eval.config import EvalConfig
 from eval.engines.decode import DecodeSpec
-from eval.evaluator import StreamingEvaluator
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.evaluator import StreamingEvaluator
 from headstart.vllm_client import (
     CPU_BLOCK_SIZE,
     GIB,

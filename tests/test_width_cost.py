@@ -1,4 +1,4 @@
-"""The width-cost table (eval/engines/width_cost.py): interpolation, files and their errors,
+"""The width-cost table (eval/engines/width_table.py): interpolation, files and their errors,
 a measurement on a real (tiny) model, and `auto`, measured once per machine and model."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import pytest
 
 from eval.__main__ import main as eval_main
 from eval.engines.decode import DecodeSpec
-from eval.engines.width_cost import WidthCost, auto_path, measure, resolve
+from eval.engines.width_measure import measure, resolve
+from eval.engines.width_table import WidthCost, auto_path
 from eval.width_cost import main as width_cost_main
 from headstart.models import load_model
 

@@ -67,7 +67,7 @@ def get_benchmark(name: str, path: str | None = None, cpu_seconds: int | None = 
     return benchmark_class(path=path, limits=replace(limits.default, cpu_seconds=cpu_seconds, wall_seconds=wall_seconds))
 
 
-def data_fingerprint(name: str, path: str | None = None) -> str:
+def benchmark_fingerprint(name: str, path: str | None = None) -> str:
     """What a benchmark's requests were read from: "sha256:<hex>" of the bytes of its
     local file(s) (a directory: every file under it; chat's MT-Bench questions: their
     folder, which holds the reference answers), or, for a hub source, "hub:" and the
@@ -94,5 +94,5 @@ def data_fingerprint(name: str, path: str | None = None) -> str:
     return "sha256:" + (digests[0] if len(digests) == 1 else hashlib.sha256("\n".join(digests).encode()).hexdigest())
 
 
-__all__ = ["BENCHMARKS", "Benchmark", "BenchmarkEntry", "Request", "Score", "data_fingerprint", "get_benchmark",
+__all__ = ["BENCHMARKS", "Benchmark", "BenchmarkEntry", "Request", "Score", "benchmark_fingerprint", "get_benchmark",
            "quality_metrics"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, execution_score, streamable
+from eval.benchmarks.extract import extract_code
 from eval.benchmarks.imports import missing_modules, skipped_detail
-from eval.extract import extract_code
 from eval.sandbox import SandboxLimits, run_tests
 from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_edit_request
@@ -57,5 +57,5 @@ class CanItEdit:
             return Score(value=0.0, passed=None, detail=skipped_detail(missing))
         # The edited program is the whole answer's code; the tests follow it.
         program = f"{extract_code(answer)}\n\n{request.reference['tests']}\n"
-        # In the program's process (the tests use its classes and state): see eval/sandbox.py.
+        # In the program's process (the tests use its classes and state): see eval/sandbox/.
         return execution_score(run_tests(program, self.limits))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, streamable
-from eval.extract import extract_text
+from eval.benchmarks.extract import extract_text
 from eval.reporting.metrics import token_f1
 from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_text

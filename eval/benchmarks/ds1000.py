@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, execution_score, streamable
+from eval.benchmarks.extract import ds1000_postprocess
 from eval.benchmarks.imports import missing_modules, skipped_detail
-from eval.extract import ds1000_postprocess
 from eval.sandbox import SandboxLimits, run_tests
 from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_ds1000
@@ -86,5 +86,5 @@ class DS1000:
         if missing:
             return Score(value=0.0, passed=None, detail=skipped_detail(missing))
         program = test_program(request.reference["code_context"], ds1000_postprocess(answer))
-        # In the program's process (the official tests take its namespace whole): see eval/sandbox.py.
+        # In the program's process (the official tests take its namespace whole): see eval/sandbox/.
         return execution_score(run_tests(program, self.limits))

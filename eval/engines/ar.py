@@ -22,7 +22,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from eval.engines.base import StreamingEngine, UpdateResult, crop_cache, decoder_config, keep_cache_positions, new_cache
 from eval.engines.decode import DecodeSpec
-from eval.engines.lookup import AnyProposer, LookupPolicy, update_proposer
+from eval.engines.lookup import AnyProposer, update_proposer
+from eval.engines.lookup_policy import LookupPolicy
 from eval.engines.token_tree import TokenTree
 from eval.engines.tokens import common_prefix_length, reused_prefix, through_first_eos
 from eval.engines.tree_mask import tree_masks

@@ -5,7 +5,7 @@ The paper shows the procedure fails on bidirectional diffusion models (LLaDA-8B,
 Dream-7B): their judgement of draft token j is formed at position j, by a network
 that sees token j itself, so it approves what it sees. This engine runs any
 standard transformers model with full attention (a 4D all-visible mask) to show
-that failure next to the causal verifier (`python -m eval.verifier_check`).
+that failure next to the causal verifier (`python benchmarks/study_verifier.py`).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Tree size and block length chosen per forward by expected time saved (`decode.lookup_choice=cost`).
 
-A proposal is worth its width only if it is accepted far enough: on a CPU a forward of 9
-tokens costs about two one-token steps, so it pays back only when it keeps at least one
-proposed token on average. The chooser sees the configured proposer's candidates (the best
+A proposal is worth its width only if it is accepted far enough: on a CPU a wide forward
+costs several one-token steps, so it pays back only when it keeps enough proposed tokens on
+average. The chooser sees the configured proposer's candidates (the best
 `lookup_tree` continuations, each as long as its context earns) and picks, for each forward,
 one option: a plain step, or the first t candidates cut to k tokens (t, k powers of two up to
 the configured ones). It picks the option with the most tokens per unit of cost over this
 update's earlier forwards, where each option's tokens at an earlier forward are what it would
 have kept there (the answer since then says so, whichever option ran) plus the one token a
-forward yields, and its cost is the width-cost table's (eval/engines/width_cost.py). Before
+forward yields, and its cost is the width-cost table's (eval/engines/width_table.py). Before
 any earlier forward is settled it runs the configured proposal.
 
 Only the choice of what to verify changes: every forward still keeps exactly the tokens greedy
@@ -19,13 +19,10 @@ tokens alone, so the fast path computes the same forwards as the engine executes
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from eval.engines.lookup_policy import BranchProposer, LookupPolicy
 from eval.engines.token_tree import TokenTree
 from eval.engines.tokens import common_prefix_length
-
-if TYPE_CHECKING:  # lookup.py imports this module
-    from eval.engines.lookup import AnyProposer, LookupPolicy
 
 Option = tuple[int, int]  # (candidates kept, tokens per candidate); (0, 0): a plain step
 
@@ -108,7 +105,7 @@ class Pending:
 class CostChooser:
     """Wraps one update's proposer (module docstring); `branches` is what the engine verifies."""
 
-    def __init__(self, proposer: AnyProposer, policy: LookupPolicy) -> None:
+    def __init__(self, proposer: BranchProposer, policy: LookupPolicy) -> None:
         self.proposer = proposer
         self.costs = policy.costs  # relative cost of a forward of width w at index w - 1
         self.options = options(policy)

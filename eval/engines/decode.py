@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from eval.engines.acceptance import AcceptanceRule
-from eval.engines.lookup import CHOICES, MATCHES, OCCURRENCES, LookupPolicy
-from eval.engines.width_cost import AUTO, WidthCost
+from eval.engines.lookup_policy import CHOICES, MATCHES, OCCURRENCES, LookupPolicy
+from eval.engines.width_table import AUTO, WidthCost
 
 AR_ENGINES = ("auto", "fast", "stepwise")  # the same numbers; auto = fast
 DIFFUSION_ENGINES = ("refusion", "bidirectional")
@@ -94,7 +94,7 @@ class DecodeSpec:
     )
     width_cost: str = field(
         default="",
-        metadata={"help": "Seconds of a forward by its width (eval/engines/width_cost.py): a table file (python -m "
+        metadata={"help": "Seconds of a forward by its width (eval/engines/width_table.py): a table file (python -m "
                           "eval.width_cost writes one), 'auto' (this machine's for the model, measured once into "
                           "outputs/width_cost/), or '' (none: every forward costs a step). For lookup_choice=cost and the "
                           "typing simulation."},
@@ -181,8 +181,13 @@ class DecodeSpec:
     def width_table(self) -> WidthCost | None:
         """The width-cost table: the file's, or `auto`'s once `use_width_table` gave it; None without one."""
         if self.width_cost == AUTO and self._width_table is None:
-            raise ValueError("decode.width_cost=auto is measured when the model loads (eval.engines.width_cost.resolve); "
+            raise ValueError("decode.width_cost=auto is measured when the model loads (eval.engines.width_measure.resolve); "
                              "it has not been yet")
+        return self._width_table
+
+    @property
+    def resolved_width_table(self) -> WidthCost | None:
+        """The table as it stands: None where `auto` has not been resolved yet (or there is none)."""
         return self._width_table
 
     def use_width_table(self, table: WidthCost | None) -> None:

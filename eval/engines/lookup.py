@@ -16,50 +16,16 @@ The same code computes the forwards of an update from token sequences alone
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from eval.engines.cost_choice import CostChooser
+from eval.engines.lookup_policy import LookupPolicy
 from eval.engines.suffix_index import SuffixIndex
 from eval.engines.token_tree import TokenTree, TreeProposer, tree_matched
 from eval.engines.tokens import answer_finished, common_prefix_length, through_first_eos
 
-if TYPE_CHECKING:  # decode.py imports this module
+if TYPE_CHECKING:
     from eval.engines.decode import DecodeSpec
-
-OCCURRENCES = ("first", "last")
-MATCHES = ("ngram", "longest")
-CHOICES = ("fixed", "cost")
-
-
-@dataclass(frozen=True)
-class LookupPolicy:
-    """What to propose (defaults: `eval.engines.decode.DecodeSpec`): `ngram` tries n-gram lengths
-    max_ngram down to min_ngram, source by source, and proposes `block` tokens after the chosen
-    `occurrence`; `longest` follows the occurrence with the longest matching context (at least
-    min_ngram tokens) and proposes `block` tokens, or twice the context's length up to `max_block`."""
-
-    max_ngram: int
-    block: int
-    occurrence: str
-    min_ngram: int
-    match: str = "ngram"
-    max_block: int = 0  # 0: always `block`
-    tree: int = 1  # branches verified per forward (1: a chain)
-    realign: int = 0  # tree candidates resuming a source the answer broke from, up to this many edits back
-    choice: str = "fixed"  # 'cost': per forward, by expected time saved (eval/engines/cost_choice.py)
-    costs: tuple[float, ...] = ()  # choice 'cost': a forward of width w costs costs[w - 1] one-token steps
-
-    def proposal_length(self, context: int) -> int:
-        """Tokens proposed after a match of `context` tokens: a long match earns a long block.
-
-        Args:
-            context (int): the matched context's length in tokens.
-        """
-        if not self.max_block:
-            return self.block
-        return max(self.block, min(self.max_block, 2 * context))
-
 
 class ChainProposer:
     """A proposer of one continuation per forward (`propose`), seen as a one-branch tree."""

@@ -18,18 +18,14 @@ with the token the forward yields after it. Counted as one forward whatever its 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from eval.engines.lookup_policy import LookupPolicy
 from eval.engines.suffix_index import JoinedSources
 from eval.engines.tokens import common_prefix_length, through_first_eos
 
-if TYPE_CHECKING:  # lookup.py imports this module
-    from eval.engines.lookup import LookupPolicy
-
 ROOT = -1  # a node's parent when it follows the answer's last token
 # Occurrences of the answer's head (the answer less its last d tokens) resumed, longest context
-# first: on recorded HumanEval drafts (tree of 16, realign 3) two give a higher median forward
-# speedup than one, and three gain little over two, and only with wider trees.
+# first: two, the fewest that kept the realigned tree's speedup on recorded drafts.
 REALIGNED_OCCURRENCES = 2
 
 

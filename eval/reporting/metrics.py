@@ -24,7 +24,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     # never executed: counted, and left out of quality, never scored as passes.
     scored = [r for r in valid if not is_skipped(r)]
     summary.update(skipped=len(valid) - len(scored), quality_evaluated=len(scored))
-    # What the executed verdicts ran under (eval/sandbox.py), counted per kind.
+    # What the executed verdicts ran under (eval/sandbox/), counted per kind.
     contained = Counter(r["containment"] for r in scored if r.get("containment"))
     if contained:
         summary["containment"] = dict(sorted(contained.items()))

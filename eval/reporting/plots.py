@@ -111,7 +111,7 @@ def typing_curve(typing: dict[str, dict[str, Any]], path: Path) -> Path:
                 axes.axhline(point["time_to_answer_median"], color=color, linestyle=":",
                              label=f"{benchmark} unlimited typist (sentence replay)")
     axes.set_xscale("log", base=2)
-    from eval.typing_sim import CURVE_CPM
+    from eval.evaluation.typing_sim import CURVE_CPM
 
     axes.set_xticks(list(CURVE_CPM), [str(c) for c in CURVE_CPM])
     axes.set_xlabel("typing speed (characters per minute)")

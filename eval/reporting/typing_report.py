@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from eval.evaluation.typing_sim import check_typing, typing_summary
 from eval.reporting.tables import markdown_rows
-from eval.typing_sim import check_typing, typing_summary
 
 
 def typing_rows(typing: dict[str, dict[str, Any]]) -> tuple[list[str], list[list[str]]]:

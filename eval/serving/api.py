@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from eval.engines.decode import LOOKUP_KEYS, DecodeSpec
-from eval.engines.lookup import LookupPolicy
+from eval.engines.lookup_policy import LookupPolicy
 from eval.serving.sessions import Session, Sessions
 
 ROLES = ("system", "user", "assistant")

@@ -15,7 +15,7 @@ import threading
 from dataclasses import asdict
 from typing import Any
 
-from eval.engines.lookup import LookupPolicy
+from eval.engines.lookup_policy import LookupPolicy
 from headstart.vllm_client import VLLMEngines, VLLMModel, engine_args, engine_gpu_memory, start_worker, vllm_unavailable
 from headstart.vllm_settings import VLLMSettings, vllm_python
 

@@ -56,7 +56,7 @@ class EngineLoop:
         import vllm
         from vllm import EngineArgs, LLMEngine
 
-        from eval.engines.lookup import LookupPolicy
+        from eval.engines.lookup_policy import LookupPolicy
         from eval.serving.proposer import BOARD
 
         policy = settings.get("policy")

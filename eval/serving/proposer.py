@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from eval.engines.lookup import HeldDraftProposer, LookupPolicy
+from eval.engines.lookup import HeldDraftProposer
+from eval.engines.lookup_policy import LookupPolicy
 
 
 @dataclass

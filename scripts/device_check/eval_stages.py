@@ -25,8 +25,8 @@ def evaluate(check: Check, loaded, output_dir: Path, device: str, *settings: str
         device (str): the device the evaluation runs on.
         settings (str): more `key=value` settings of the evaluation.
     """
-    from eval.config import EvalConfig
-    from eval.runner import run_evaluation
+    from eval.evaluation.config import EvalConfig
+    from eval.evaluation.runner import run_evaluation
     from headstart.config import load_config
     from headstart.files import read_jsonl
 

@@ -21,7 +21,7 @@ def stage_widths(check: Check) -> list[Figure]:
         check (Check): the check's run: directory, device, environment.
     """
     from eval.engines.decode import DecodeSpec
-    from eval.engines.width_cost import measure
+    from eval.engines.width_measure import measure
 
     recipe, config = paper_model_config(check)
     model = random_model(config, check.device).eval()

@@ -19,10 +19,10 @@ a builtin type (a namedtuple, an IntEnum or a str-based Enum member) becomes its
 type by the base type's own conversion, never the subclass's override (a str Enum's
 `__str__` would change its text); a UserList, UserDict or UserString as the list, dict or str
 it wraps. Any other object (of the program's own class) stays in the program's process and
-crosses as a handle: the call server (eval/sandbox_calls.py) keeps it, the trusted side holds a
+crosses as a handle: the call server (eval/sandbox/calls.py) keeps it, the trusted side holds a
 stand-in that asks the program for its attributes, arithmetic and conversions and sends the
 handle back when the tests pass it on; a comparison with a plain value is the object's own,
-checked against a decoy of that value's type (eval/sandbox_calls.py) (`_HANDLES` on the program's
+checked against a decoy of that value's type (eval/sandbox/calls.py) (`_HANDLES` on the program's
 side, `_REMOTE` the stand-in's class on the trusted side; neither set here: nothing but
 plain values crosses). Deliberate differences from the official harnesses: a namedtuple
 arrives as a tuple and an Enum member as its value (they compare equal to those officially

@@ -1,7 +1,7 @@
 """One sandbox process, built, contained and ended: bwrap's arguments, what runs
 between fork and exec (cgroup, rlimits, the throw-away uid, the parent-death
 signal), and the sandbox's init, held by a pidfd until it is gone and reaped.
-eval/sandbox.py says what the sandbox guarantees."""
+eval/sandbox/__init__.py says what the sandbox guarantees."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from eval.sandbox_cgroup import join as join_cgroup
-from eval.sandbox_host import SYSTEM_DIRS
+from eval.sandbox.cgroup import join as join_cgroup
+from eval.sandbox.host import SYSTEM_DIRS
 
 if TYPE_CHECKING:
-    from eval.sandbox import SandboxLimits
+    from eval.sandbox.limits import SandboxLimits
 
 WORKDIR = "/tmp"  # inside the sandbox: working directory, home and /tmp at once
 # Pipes and AF_UNIX sockets hold kernel memory RLIMIT_AS does not count: this many

@@ -1,59 +1,5 @@
-"""Run model-written programs in a contained subprocess, never in our own process.
-
-Every program runs under bubblewrap (`bwrap`, Debian package `bubblewrap`), which
-gives it new user, IPC, PID, network, UTS and cgroup namespaces, no capabilities,
-no new user namespaces (`--disable-userns`), a session of its own, and a
-read-only root file system that holds only the system directories (/usr, /etc,
-/lib...) and our interpreter's prefixes. Its working directory, home and /tmp
-are one size-capped tmpfs (`max_disk_bytes`, /dev/shm likewise), which is
-where `program.py` is written; it vanishes with the program, so nothing of it is
-ever on the host's disk. SysV IPC objects and POSIX message queues live in the
-program's own IPC namespace and die with it; so does every process it forks
-(PID namespace: when the program's init goes, the kernel kills the rest).
-When the evaluator dies, so does the program: the parent-death signal kills
-bwrap, whose `--die-with-parent` kills the program's init. When the run ends
-(the program exited, or the wall limit passed) the evaluator kills that init
-itself, through a pidfd, and returns only once it is gone (reaped, where the
-evaluator is PID 1 or a subreaper), and with it every process of the program.
-
-On top of bwrap, by hand: rlimits on CPU time, address space, file size (which
-also caps its output), open files and process count; closed stdin; stdout and
-stderr in memory files that only the evaluator holds (a program cannot swap them
-for a FIFO or a symlink); a seccomp filter (eval/sandbox_seccomp.py: no ptrace or
-other reach into the sandbox's init; no memfds, no SysV shared memory attach, no
-sockets but AF_UNIX and no larger socket buffers, so that what a process holds
-through descriptors stays small; no keyrings, and /proc/keys is masked); a cgroup
-per program where the machine lets us make one, capping the memory and process
-count of the program as a whole (eval/sandbox_cgroup.py; without one, memory is
-capped per process only). `ExecutionResult.containment` names which:
-"cgroup+seccomp" or "rlimit+seccomp". When the evaluator runs as root, the
-program runs under a throw-away user id of its own, recorded before use
-(eval/sandbox_host.py; the first run of each evaluator process sweeps what a
-killed predecessor left under the uids it recorded, and its cgroups).
-
-Without bwrap, or where it cannot build the sandbox, running a program raises
-`SandboxUnavailable`: a program never runs unsandboxed. Nothing a program does
-raises it: the sandbox counts as started once the bootstrap's "started" record,
-written before the program's first line, is on the status channel, a socket the
-program can write to but neither read nor reopen through /proc/self/fd (a pipe
-reopened so becomes a read end, from which a program could drain the record).
-What a program's text holds (a lone surrogate, a size over the file cap) and
-whatever it does fail that program only. What it writes reaches
-`ExecutionResult` (and any message quoting it) as text: control characters but
-tab and newline (a NUL, a terminal escape) escaped as a backslash, x and two hex digits.
-
-`run_tests` (the tests inside the program, as DS-1000 and CanItEdit need): a
-program passes only when it exits 0 AND the trusted bootstrap that runs it reports,
-over a channel only the evaluator reads, that it started once and that the program's
-code returned. The bootstrap compiles the program with asserts on whatever the
-interpreter's flags, refuses to run optimized, and uses no runpy; an audit hook
-ends the process at a trace or profile hook, a change of a function's `__code__`
-(but the flag types.coroutine sets), an exec of the process image or a gc walk. What stays possible inside the
-program's own process: writing the record once it finds the channel, answers whose
-`__eq__` always says True, patching what the tests call (builtins, libraries),
-ctypes. `eval.sandbox_calls.run_calls` runs the tests in a trusted process instead
-(HumanEval, MBPP): the program only answers calls (eval/sandbox_codec.py says what crosses).
-"""
+"""One program in its sandbox: start it contained, wait for it, end it and everything it started,
+and say how it ended (the package's docstring says what the sandbox guarantees)."""
 
 from __future__ import annotations
 
@@ -65,12 +11,12 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import lru_cache
 
-from eval.sandbox_bootstrap import BOOTSTRAP
-from eval.sandbox_host import SLOTS, Host
-from eval.sandbox_process import (
+from eval.sandbox.bootstrap import BOOTSTRAP
+from eval.sandbox.host import SLOTS, Host
+from eval.sandbox.limits import ExecutionResult, SandboxLimits, SandboxUnavailable
+from eval.sandbox.process import (
     Contain,
     Init,
     bwrap_args,
@@ -83,40 +29,10 @@ from eval.sandbox_process import (
     status_channel,
     until_exit,
 )
-from eval.sandbox_seccomp import UnsupportedMachine, seccomp_program
+from eval.sandbox.seccomp import UnsupportedMachine, seccomp_program
 
 # After the trusted side is done, how long a program may take to exit by itself.
 EXIT_GRACE_SECONDS = 0.5
-
-
-class SandboxUnavailable(RuntimeError):
-    """The sandbox cannot run here (bwrap missing or unable to build it)."""
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource limits of one program run."""
-
-    cpu_seconds: int = 10
-    wall_seconds: float = 20.0
-    memory_bytes: int = 2 << 30  # the whole program where a cgroup is available, else each process
-    max_processes: int = 32
-    max_file_bytes: int = 8 << 20
-    max_output_bytes: int = 64 << 10
-    max_disk_bytes: int = 128 << 20  # its working directory (= /tmp, home), and /dev/shm
-
-
-@dataclass
-class ExecutionResult:
-    """How a program run ended, and what contained it."""
-
-    passed: bool
-    status: str  # passed | failed | timeout
-    returncode: int | None
-    stdout: str  # stdout and stderr: the program's (capped), control characters escaped
-    stderr: str
-    seconds: float
-    containment: str = ""  # cgroup+seccomp | rlimit+seccomp | not run (rejected before it started)
 
 
 class _Rejected(ValueError):
@@ -126,7 +42,7 @@ class _Rejected(ValueError):
 def run_tests(program: str, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
     """Run `program` (solution + its tests); passed iff it started once, its code
     returned and it exited 0."""
-    result, records = _run(program, limits, BOOTSTRAP)
+    result, records = run_contained(program, limits, BOOTSTRAP)
     result.passed = records == b"started\ncompleted\n" and result.returncode == 0 and result.status != "timeout"
     result.status = "passed" if result.passed else result.status
     if result.containment != "not run":
@@ -143,7 +59,7 @@ def run_many(programs: list[str], limits: SandboxLimits = SandboxLimits(), worke
 
 def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
     """Execute Python `source` in the sandbox and report how it ended."""
-    return _run(source, limits, BOOTSTRAP)[0]
+    return run_contained(source, limits, BOOTSTRAP)[0]
 
 
 def bwrap_path() -> str:
@@ -190,13 +106,20 @@ def _rejected(error: _Rejected) -> ExecutionResult:
                            seconds=0.0, containment="not run")
 
 
-def _run(source: str, limits: SandboxLimits, bootstrap: str, extra_fds: tuple[int, ...] = (),
+def run_contained(source: str, limits: SandboxLimits, bootstrap: str, extra_fds: tuple[int, ...] = (),
          during: Callable[[float], bool] | None = None) -> tuple[ExecutionResult, bytes]:
     """Run one program; returns how it ended and what its bootstrap reported.
-    `extra_fds` (owned by this call from now on) are passed to the program, their
-    numbers appended to the bootstrap's argv. `during(deadline)`, called once the
-    sandbox runs, waits for a companion of the program (the trusted side of
-    run_calls) and says whether it finished in time; the program is ended after it."""
+
+    Args:
+        source: the program's text.
+        limits: what the run may use.
+        bootstrap: the trusted code that starts the program (`eval.sandbox.bootstrap`).
+        extra_fds: descriptors passed to the program (owned by this call from now on), their
+            numbers appended to the bootstrap's argv.
+        during: called once the sandbox runs, with the deadline: waits for a companion of the
+            program (the trusted side of `run_calls`) and says whether it finished in time; the
+            program is ended after it. None: wait for the program itself.
+    """
     run = _Run(limits, extra_fds)
     try:
         try:

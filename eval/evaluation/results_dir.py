@@ -7,11 +7,11 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
-from eval.benchmarks import data_fingerprint
-from eval.config import EvalConfig
+from eval.benchmarks import benchmark_fingerprint
 from eval.engines.decode import DecodeSpec
-from eval.engines.width_cost import AUTO, auto_path
-from eval.shards import SHARDS_DIR, recorded_settings
+from eval.engines.width_table import AUTO, auto_path
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.shards import SHARDS_DIR, recorded_settings
 from headstart.config import config_to_dict
 from headstart.devices import resolve_device
 from headstart.models import weights_fingerprint
@@ -30,12 +30,12 @@ from headstart.run_dir import check_output_dir
 # data_path and acceptance); `device` is not a key: a merge or report job runs where no model
 # loads (a CPU node for a GPU run's shards), and counts do not depend on it.
 # `dtype` is recorded as asked (null: the device's default); the dtype the numbers were computed in is
-# each record's own "dtype", which a resume (eval.runner.check_computed_dtype) and a merge of shards
-# (eval.shards.merged_records) must match: a CPU fp32 run never resumes on a GPU in bf16.
+# each record's own "dtype", which a resume (eval.evaluation.runner.check_computed_dtype) and a merge of shards
+# (eval.evaluation.shards.merged_records) must match: a CPU fp32 run never resumes on a GPU in bf16.
 RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "system_prompt", "dtype", "sandbox_cpu_seconds",
                "backend", "timed_every")
 # And what they were computed from, by content: the weights loaded (model and adapter,
-# headstart.models.weights_fingerprint) and the data read (eval.benchmarks.data_fingerprint).
+# headstart.models.weights_fingerprint) and the data read (eval.benchmarks.benchmark_fingerprint).
 # The same path holding other weights (a retrained adapter) is other settings.
 FINGERPRINT_KEYS = ("weights_fingerprint", "data_fingerprint")
 # What the evaluator writes into a results directory (config.json aside).
@@ -43,17 +43,23 @@ EVALUATOR_FILES = ("results.jsonl", "summary.json", "report.md", "config.yaml")
 RUN_KIND = "eval"
 
 
-def result_settings(config: EvalConfig) -> dict[str, Any]:
+def result_settings(config: EvalConfig, device: str | None = None) -> dict[str, Any]:
     """The settings that decide the numbers, flat, and the fingerprints of the weights and
-    data (config.json of a results directory). Fails when the model, adapter or data is absent."""
+    data (config.json of a results directory). Fails when the model, adapter or data is absent.
+
+    Args:
+        config: the run's settings.
+        device: the device the run computes on, as `prepare_evaluation` resolved it (it names
+            `width_cost=auto`'s table); None: resolved from `config.device`.
+    """
     values = config_to_dict(config)
     decode = values.pop("decode")
     settings = {k: values[k] for k in RESULT_KEYS} | {k: decode[k] for k in config.decode.result_keys()}
     if settings.get("width_cost") == AUTO:  # the table this machine's `auto` names: another machine's counts differ
-        settings["width_cost"] = str(auto_path(config.model, resolve_device(config.device)))
+        settings["width_cost"] = str(auto_path(config.model, device or resolve_device(config.device)))
     return settings | {
         "weights_fingerprint": weights_fingerprint(config.model, config.adapter),
-        "data_fingerprint": data_fingerprint(config.benchmark, config.data_path),
+        "data_fingerprint": benchmark_fingerprint(config.benchmark, config.data_path),
     }
 
 
@@ -80,7 +86,8 @@ def check_resumable(output_dir: Path, current: dict[str, Any]) -> dict[str, Any]
             raise ValueError(f"{output_dir} holds {', '.join(found)} but no config.json: the settings, weights and data "
                              "of those results are unknown; choose another output_dir")
         return current
-    saved = recorded_settings(output_dir)  # a setting it does not record is a difference (eval.shards.ADDED_SETTINGS aside)
+    # a setting it does not record is a difference (eval.evaluation.shards.ADDED_SETTINGS aside)
+    saved = recorded_settings(output_dir)
     changed = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
     if changed:
         detail = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changed.items())

@@ -14,17 +14,17 @@ import torch
 from tqdm import tqdm
 
 from eval.benchmarks import Benchmark, Request, get_benchmark
-from eval.config import EvalConfig
 from eval.engines.decode import DIFFUSION_ENGINES, decode_label
-from eval.engines.width_cost import AUTO
-from eval.engines.width_cost import resolve as resolve_width_cost
-from eval.evaluator import StreamingEvaluator
+from eval.engines.width_measure import resolve as resolve_width_cost
+from eval.engines.width_table import AUTO
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.evaluator import StreamingEvaluator
+from eval.evaluation.results_dir import FINGERPRINT_KEYS, RUN_KIND, check_resumable, result_settings
+from eval.evaluation.shards import Shard, merge_into, merged_records, parse_shard, shard_dir, write_manifest
 from eval.reporting.metrics import running_medians, summarize
 from eval.reporting.tables import markdown_table
 from eval.reporting.typing_report import typing_report
-from eval.results_dir import FINGERPRINT_KEYS, RUN_KIND, check_resumable, result_settings
 from eval.sandbox import SandboxUnavailable
-from eval.shards import Shard, merge_into, merged_records, parse_shard, shard_dir, write_manifest
 from headstart.config import dump_config
 from headstart.devices import resolve_device
 from headstart.files import append_jsonl, read_jsonl
@@ -55,6 +55,8 @@ class PreparedRun:
     shard: Shard | None = None
     merged: list[dict[str, Any]] | None = None
     untimed: frozenset[str] = frozenset()  # count mode: requests counted from batched drafts, not timed
+    device: str = "cpu"  # the device the run computes on, resolved once (`resolve_device`)
+    system: str | None = None  # the system message, resolved once (`resolve_system_message`)
 
 
 def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None) -> PreparedRun:
@@ -62,7 +64,7 @@ def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None
     the benchmark name, its data (read whole: a bad line, a missing field, an empty file
     or no streamable request is an error), the model and adapter sources (fingerprinted),
     the results already in output_dir (same settings, same bytes) and, for a run that
-    was sharded, its shards (all there, finished, same settings; eval.shards)."""
+    was sharded, its shards (all there, finished, same settings; eval.evaluation.shards)."""
     output_dir = Path(config.output_dir) if config.output_dir else default_output_dir(config)
     device = resolve_device(config.device)  # a GPU asked for where CUDA is unusable: refused here, not run on CPU
     benchmark = get_benchmark(config.benchmark, config.data_path, config.sandbox_cpu_seconds)
@@ -73,10 +75,10 @@ def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None
         raise ValueError(f"{config.benchmark}: no request with two or more segments in {source}: nothing to evaluate")
     if config.backend == "vllm" and (reason := vllm_unavailable(config.vllm, device)):
         raise ValueError(f"backend=vllm: {reason}")
-    current = result_settings(config)
+    current = result_settings(config, device)
     # Positions in the whole selection, not in a shard's: sharded and unsharded runs time the same requests.
     untimed = frozenset(r.request_id for i, r in enumerate(requests) if i % config.timed_every)
-    resolve_system_message(config.system_prompt, config.adapter or config.model)  # the model's record, read now
+    system = resolve_system_message(config.system_prompt, config.adapter or config.model)  # the model's record, read now
     check_writable(output_dir)  # a PermissionError once the model had loaded, and never with limit=0
     shard = parse_shard(config.shard)
     if shard:
@@ -84,11 +86,12 @@ def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None
         directory = shard_dir(output_dir, shard)
         check_output_dir(output_dir, RUN_KIND)  # the run it is a shard of
         return PreparedRun(directory, check_resumable(directory, current), benchmark, shard.select(requests), shard,
-                           untimed=untimed)
+                           untimed=untimed, device=device, system=system)
     settings = check_resumable(output_dir, current)
     # limit=0 reads every request, not the selection the shards were given: nothing to merge.
     merged = None if config.limit == 0 else merged_records(output_dir, current, [r.request_id for r in requests])
-    return PreparedRun(output_dir, settings, benchmark, requests, merged=merged, untimed=untimed)
+    return PreparedRun(output_dir, settings, benchmark, requests, merged=merged, untimed=untimed, device=device,
+                       system=system)
 
 
 def start_results(prepared: PreparedRun, config: EvalConfig) -> None:
@@ -107,14 +110,20 @@ def start_results(prepared: PreparedRun, config: EvalConfig) -> None:
 
 def run_evaluation(
     config: EvalConfig, loaded: LoadedModel | Callable[[], LoadedModel] | None = None,
-    requests: list[Request] | None = None,
+    requests: list[Request] | None = None, prepared: PreparedRun | None = None,
 ) -> dict[str, Any]:
     """Evaluate, appending to results.jsonl; returns the summary (also written).
-    `loaded` is the model, or what loads it, called only when a request is left to
-    compute (a run whose results are all there, e.g. merged shards, loads nothing).
-    `requests` replaces the benchmark's first `limit` (scored by the same benchmark).
-    With limit=0 it only checks (`prepare_evaluation`): nothing loads, nothing is written."""
-    prepared = prepare_evaluation(config, requests)
+    With limit=0 it only checks (`prepare_evaluation`): nothing loads, nothing is written.
+
+    Args:
+        config: the run's settings.
+        loaded: the model, or what loads it, called only when a request is left to compute (a run
+            whose results are all there, e.g. merged shards, loads nothing); None: `config.model`.
+        requests: replaces the benchmark's first `limit` (scored by the same benchmark).
+        prepared: `prepare_evaluation(config, requests)` where the caller checked the run already
+            (its device, system message and fingerprints are resolved once); None: prepared here.
+    """
+    prepared = prepared or prepare_evaluation(config, requests)
     if config.limit == 0:
         print(f"limit=0: {config.benchmark} checked ({len(prepared.requests)} requests, model and data found, "
               f"{prepared.output_dir} resumable); nothing evaluated, nothing written")
@@ -127,17 +136,16 @@ def run_evaluation(
     todo = [r for r in requests if r.request_id not in done]
     if todo:
         if not loaded:  # refused before minutes of loading: the dtype this run will load in
-            check_computed_dtype(records, config.dtype or dtype_name(default_dtype(resolve_device(config.device))),
-                                 results_path)
+            check_computed_dtype(records, config.dtype or dtype_name(default_dtype(prepared.device)), results_path)
         if callable(loaded):
             loaded = loaded()
-        loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
+        loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=prepared.device)
         check_computed_dtype(records, dtype_name(loaded.model.dtype), results_path)
         if config.decode.rule.lossless and loaded.model.dtype != torch.float32:
             print(f"note: greedy decoding in {dtype_name(loaded.model.dtype)} is not batch-invariant: a streamed answer may "
                   "depart from its baseline (summary.json's identical_to_baseline measures it); dtype=float32 for exact "
                   "identity (docs/evaluation.md#identity)", file=sys.stderr)
-        evaluator = StreamingEvaluator(loaded, config, todo, prepared.untimed)
+        evaluator = StreamingEvaluator(loaded, config, todo, prepared.untimed, prepared.system)
         try:
             timed = [r for r in todo if r.request_id not in prepared.untimed]
             if timed:
@@ -161,7 +169,7 @@ def run_evaluation(
     summary = summarize([r for r in records if r["request_id"] in wanted])
     summary |= summary_labels(config) | {key: prepared.settings[key] for key in FINGERPRINT_KEYS}
     if config.typing and config.decode.width_cost == AUTO and not todo:  # no model loaded: this machine's table, read
-        config.decode.use_width_table(resolve_width_cost(AUTO, config.model, str(resolve_device(config.device))))
+        config.decode.use_width_table(resolve_width_cost(AUTO, config.model, prepared.device))
     typing = typing_report(config, [r for r in records if r["request_id"] in wanted], output_dir, summary)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if summary.get("counted") and summary.get("drafter_agreement", 1.0) < 1.0:
@@ -205,7 +213,7 @@ def timing_note(config: EvalConfig) -> str:
 
 def _scores(benchmark, request: Request, record: dict[str, Any]) -> dict[str, Any]:
     """Score both answers; identical answers are executed once. `containment`: what the
-    executed programs ran under, and where their tests ran (eval/sandbox.py).
+    executed programs ran under, and where their tests ran (eval/sandbox/).
     Whatever an answer's program does fails that answer only; SandboxUnavailable
     means no program can run on this machine (no bwrap, no user namespaces), so the
     run stops at the first answer to execute, named, with nothing recorded for it."""

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from eval.sandbox_cgroup import CgroupParent
+from eval.sandbox.cgroup import CgroupParent
 
 SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Root only: mount points for the interpreter's prefixes, and the uid records.

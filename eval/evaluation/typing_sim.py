@@ -18,7 +18,7 @@ Where durations come from (the design choice, and why):
 - Seconds = each forward's cost x a per-request rate measured on this model and machine
   and already recorded in results.jsonl. A forward's cost is in one-token steps: its
   width's under `decode.width_cost` (a verify pass over a new segment, a proposal, a
-  token tree cost several steps on a CPU; eval/engines/width_cost.py), one step each
+  token tree cost several steps on a CPU; eval/engines/width_table.py), one step each
   without a table. Drafting updates run at the baseline's rate (baseline_seconds over
   its steps: a prefill of the prompt, then one-token steps on this request's context);
   the final update is the sentence replay's own residual_seconds, scaled by its cost

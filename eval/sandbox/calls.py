@@ -4,7 +4,7 @@
 code runs and then serves calls of its functions, and a checker, a plain Python
 process of ours that runs the benchmark's own test code with each of the
 program's functions replaced by a proxy. A proxy sends the call's arguments to
-the sandbox and returns what comes back, with its type (eval/sandbox_codec.py):
+the sandbox and returns what comes back, with its type (eval/sandbox/codec.py):
 the checker never runs model-written code, and builds only builtin, standard-library
 and numpy values; an object of the program's own class stays in the sandbox, and the
 checker holds a stand-in (`Remote`) whose every operation is a question to the
@@ -30,12 +30,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.sandbox import ExecutionResult, SandboxLimits, SandboxUnavailable, _run, sandbox_host
-from eval.sandbox_bootstrap import BOOTSTRAP_HEAD, BOOTSTRAP_SERVE_RUN
-from eval.sandbox_cgroup import join as join_cgroup
-from eval.sandbox_process import LIBC, PR_SET_PDEATHSIG, close_all, printable
+from eval.sandbox.bootstrap import BOOTSTRAP_HEAD, BOOTSTRAP_SERVE_RUN
+from eval.sandbox.cgroup import join as join_cgroup
+from eval.sandbox.limits import ExecutionResult, SandboxLimits, SandboxUnavailable
+from eval.sandbox.process import LIBC, PR_SET_PDEATHSIG, close_all, printable
+from eval.sandbox.program import run_contained, sandbox_host
 
-CODEC = (Path(__file__).with_name("sandbox_codec.py")).read_text()
+CODEC = (Path(__file__).with_name("codec.py")).read_text()
 MAX_ANSWER_BYTES = 8 << 20  # one call's answer, as JSON
 VERDICT_BYTES = 4096
 
@@ -287,7 +288,7 @@ def run_calls(program: str, job: TrustedTests, limits: SandboxLimits = SandboxLi
         raise
     close_all((request_w, answer_r, verdict_w))
     try:
-        result, _ = _run(program, limits, SERVE_BOOTSTRAP, extra_fds=(request_r, answer_w),
+        result, _ = run_contained(program, limits, SERVE_BOOTSTRAP, extra_fds=(request_r, answer_w),
                          during=lambda deadline: _wait(checker, deadline))
         verdict = _verdict(checker, verdict_r, caps)
     finally:
@@ -318,10 +319,9 @@ def _start_checker(job: TrustedTests, caps: _CheckerLimits, request_w: int, answ
         os.close(job_fd)
 
 
-# The trusted checker's own limits (never more than the program's). Measured: HumanEval's
-# and MBPP's tests on their 664 canonical solutions take at most 0.06 s of CPU and 21 MiB
-# in the checker; honest answers near MAX_ANSWER_BYTES (a million ints, 480,000 pairs)
-# at most 1.0 s and 145 MiB, the tests' expected values built included.
+# The trusted checker's own limits (never more than the program's): far above what HumanEval's
+# and MBPP's tests on their canonical solutions, and honest answers near MAX_ANSWER_BYTES, take
+# in the checker.
 CHECKER_CPU_SECONDS = 2
 # One thread for numpy, if a numpy value makes the checker import it: a thread pool per core would
 # take address space from the checker's limit on a many-core machine.

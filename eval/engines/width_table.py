@@ -1,14 +1,13 @@
 """What a forward costs by its width, on one machine for one model (`decode.width_cost`).
 
 A forward that feeds w tokens after a cached context costs about what a one-token step
-does on a GPU at batch 1 (memory-bound), but more on a CPU (compute-bound), and the more
-the wider the forward. PROTOCOL.md counts every forward as one,
+does on a GPU at batch 1 (memory-bound), but several times more on a CPU (compute-bound). PROTOCOL.md counts every forward as one,
 whatever its width; the wall clock pays the width. So the table is measured once per
 machine and model (`python -m eval.width_cost`, or `decode.width_cost=auto` when the
 evaluator loads the model), kept as a small JSON file, and reused by
 - the lookup chooser (`decode.lookup_choice=cost`, eval/engines/cost_choice.py), which
   picks each forward's tree size and block length by expected tokens per second;
-- the typing simulation (eval/typing_sim.py), which turns forwards into seconds.
+- the typing simulation (eval/evaluation/typing_sim.py), which turns forwards into seconds.
 Both use only ratios to a one-token step (`relative`): the simulation calibrates the
 absolute rate on each request's own measured baseline.
 """
@@ -18,17 +17,10 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from headstart.paths import outputs_dir, safe_name
-
-if TYPE_CHECKING:  # measuring needs torch; reading a table (the typing report) does not
-    from transformers import PreTrainedModel
-
-    from eval.engines.decode import DecodeSpec  # which imports this module
 
 WIDTHS = (1, 2, 3, 5, 9, 17, 33, 65, 129, 257)  # a step, then proposals of 1..256 tokens after the last token
 CONTEXT = 256  # cached tokens before the measured forward: a prompt and part of an answer
@@ -141,80 +133,3 @@ def auto_path(model: str, device: str) -> Path:
         device (str): the device the table is measured on.
     """
     return outputs_dir("width_cost", f"{safe_name(model)}-{safe_name(machine_label(device))}.json")
-
-
-def measure(model: PreTrainedModel, name: str, widths: tuple[int, ...] = WIDTHS, context: int = CONTEXT,
-            repeats: int = 5) -> WidthCost:
-    """Time a forward of each width after `context` cached tokens (median of `repeats`, after a
-    warm-up); the tokens are fixed ids, since the cost does not depend on which tokens they are.
-
-    Args:
-        model (PreTrainedModel): the loaded model.
-        name (str): the model's name, recorded in the table.
-        widths (tuple[int, ...]): the forward widths to time.
-        context (int): how many tokens the cache holds before each forward.
-        repeats (int): timed forwards per width.
-    """
-    import torch
-
-    from eval.engines.base import crop_cache, decoder_config, new_cache
-    from eval.engines.clock import Stopwatch
-
-    device = model.device
-    vocabulary = decoder_config(model).vocab_size
-    ids = [(7 + 13 * i) % vocabulary for i in range(context + max(widths))]
-    cache, cached = new_cache(model), []
-    seconds = []
-    with torch.inference_mode():
-        model(input_ids=torch.tensor([ids[:context]], device=device), past_key_values=cache, use_cache=True)
-        cached.extend(ids[:context])
-        for width in widths:
-            times = []
-            for repeat in range(repeats + 1):
-                crop_cache(cache, cached, context)
-                clock = Stopwatch(device)
-                model(input_ids=torch.tensor([ids[context : context + width]], device=device), past_key_values=cache,
-                      use_cache=True, logits_to_keep=width)
-                cached.extend(ids[context : context + width])
-                if repeat:  # the first is the warm-up
-                    times.append(clock.seconds())
-            seconds.append(statistics.median(times))
-    return WidthCost(tuple(widths), tuple(seconds), context, name, machine_label(str(device)))
-
-
-def resolve(setting: str, name: str, device: str, model: PreTrainedModel | None = None) -> WidthCost | None:
-    """The table `decode.width_cost` names: none (''), a file, or (`auto`) this machine's for
-    `name`, measured on `model` and kept the first time (without a model, only read).
-
-    Args:
-        setting (str): `decode.width_cost`: '', a file, or `auto`.
-        name (str): the model's name.
-        device (str): the device the run is on.
-        model (PreTrainedModel | None): the loaded model, to measure with; None: only read.
-    """
-    if not setting:
-        return None
-    if setting != AUTO:
-        return WidthCost.load(setting)
-    path = auto_path(name, device)
-    if path.is_file():
-        return WidthCost.load(path)
-    if model is None:
-        raise ValueError(f"decode.width_cost=auto: no table for {name} on this machine yet ({path}); it is measured when "
-                         "an evaluation loads the model (or run python -m eval.width_cost)")
-    table = measure(model, name)
-    table.save(path)
-    return table
-
-
-def use_auto_table(decode: DecodeSpec, name: str, model: PreTrainedModel) -> None:
-    """Give `decode` this machine's table for `name` when its width_cost is `auto`: measured
-    once per machine and model, then read.
-
-    Args:
-        decode (DecodeSpec): the decode settings.
-        name (str): the model's name.
-        model (PreTrainedModel): the loaded model.
-    """
-    if decode.width_cost == AUTO:
-        decode.use_width_table(resolve(AUTO, name, str(model.device), model))

@@ -3,7 +3,7 @@ program (every process it forks counts), where this machine lets us make one.
 
 Layout: `<parent>/headstart-sandbox-<evaluator pid>/<slot>`, one leaf per
 running program, and `.../checker-<n>` per running trusted checker
-(eval/sandbox_calls.py). cgroup v2: `<parent>` is the nearest ancestor of the
+(eval/sandbox/calls.py). cgroup v2: `<parent>` is the nearest ancestor of the
 evaluator's own cgroup that delegates the memory and pids controllers (a leaf
 cannot sit under a cgroup that holds processes); cgroup v1 (hybrid hosts): the
 evaluator's own memory and pids cgroups. A cgroup of an evaluator that no

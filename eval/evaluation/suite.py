@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from eval.benchmarks import get_benchmark, quality_metrics
-from eval.config import EvalConfig
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.runner import prepare_evaluation, run_evaluation, summary_labels
 from eval.reporting.metrics import summarize
 from eval.reporting.tables import macro_average, suite_report
-from eval.runner import prepare_evaluation, run_evaluation, summary_labels
 from headstart.files import read_jsonl
 from headstart.models import LoadedModel, load_model
 from headstart.paths import outputs_dir
@@ -40,21 +40,20 @@ def run_suite(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str
     output_dir = suite_output_dir(config)
     check_output_dir(output_dir, SUITE_KIND)
     # Every run is checked (data, model source, resumable results) before the model loads.
-    for rule in rules:
-        for name in names:
-            prepare_evaluation(_single(config, name, rule, output_dir))
+    prepared = {(rule, name): prepare_evaluation(_single(config, name, rule, output_dir)) for rule in rules for name in names}
     if config.limit == 0:
         print(f"limit=0: {len(rules) * len(names)} runs checked; nothing evaluated, nothing written")
         return {}
     write_mark(output_dir, SUITE_KIND)
     # Loaded once, by the first run with a request left to compute (merging shards computes none).
+    device = next(iter(prepared.values())).device  # resolved once, by the checks above
     model = loaded or functools.cache(lambda: load_model(config.model, adapter=config.adapter, dtype=config.dtype,
-                                                         device=config.device))
+                                                         device=device))
     by_rule: dict[str, dict[str, dict[str, Any]]] = {}
     for rule in rules:
         by_rule[rule] = {}
         for name in names:
-            by_rule[rule][name] = run_evaluation(_single(config, name, rule, output_dir), model)
+            by_rule[rule][name] = run_evaluation(_single(config, name, rule, output_dir), model, prepared=prepared[rule, name])
     if config.shard:
         # Shards running at once must not share a file: the report is the merging run's.
         print(f"\nshard {config.shard} done; the same command without shard merges the shards and writes the report")

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import sys
+from types import EllipsisType
 from typing import Any
 
 from tqdm import tqdm
 
 from eval.benchmarks import Request
-from eval.config import EvalConfig
 from eval.engines.ar import AREngine
 from eval.engines.base import StreamingEngine, UpdateResult
 from eval.engines.bidirectional import BidirectionalEngine
@@ -23,9 +23,10 @@ from eval.engines.fast_path import (
     greedy_drafting,
     round_drafts,
 )
-from eval.engines.refusion import RefusionEngine
+from eval.engines.refusion_decoding import RefusionEngine
 from eval.engines.tokens import common_prefix_length
-from eval.engines.width_cost import use_auto_table
+from eval.engines.width_measure import use_auto_table
+from eval.evaluation.config import EvalConfig
 from headstart.models import LoadedModel, dtype_name
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 from headstart.refusion import mask_token_id
@@ -37,9 +38,16 @@ class StreamingEvaluator:
     """Evaluates requests one at a time with the configured engine, baseline included."""
 
     def __init__(self, loaded: LoadedModel, config: EvalConfig, requests: list[Request] | None = None,
-                 untimed: set[str] = frozenset()) -> None:
-        """`requests`: what it will evaluate, for the drafting cache vLLM reserves (None: the model's context).
-        `untimed`: the ids of requests counted from batched greedy drafts, not timed (count mode, `timed_every`)."""
+                 untimed: set[str] = frozenset(), system: str | None | EllipsisType = ...) -> None:
+        """
+        Args:
+            loaded: the model and tokenizer.
+            config: the run's settings.
+            requests: what it will evaluate, for the drafting cache vLLM reserves (None: the model's context).
+            untimed: the ids of requests counted from batched greedy drafts, not timed (count mode, `timed_every`).
+            system: the system message the run resolved (None: no system turn); `...`: resolved here from
+                `config.system_prompt`.
+        """
         self.loaded = loaded
         self.untimed = untimed
         self.config = config
@@ -48,7 +56,9 @@ class StreamingEvaluator:
         # The fast path batches AR drafting across requests: AR decoding only.
         self.fast = self.decode.fast
         self.engine = build_engine(loaded, self.decode)
-        self.system = resolve_system_message(config.system_prompt, config.adapter or config.model)
+        if system is ...:
+            system = resolve_system_message(config.system_prompt, config.adapter or config.model)
+        self.system = system
         eos = self.engine.eos_token_ids
         self.drafter = build_drafter(loaded, config, eos, self.needed_model_len(requests)) if self.fast else None
 
@@ -176,7 +186,7 @@ class StreamingEvaluator:
             "drafting_backend": self.config.backend if self.fast else "transformers",
             "dtype": dtype_name(self.loaded.model.dtype),  # what every number was computed in (a resume must match)
         }
-        if self.config.typing:  # what eval.typing_sim re-derives drafts and costs from
+        if self.config.typing:  # what eval.evaluation.typing_sim re-derives drafts and costs from
             record |= {"prompt_token_ids": self.prompts(request), "eos_token_ids": sorted(self.engine.eos_token_ids)}
         if self.config.record_tokens or self.config.typing:
             record |= {"draft_token_ids": drafting.drafts, "base_token_ids": baseline.answer,

@@ -7,40 +7,29 @@ from dataclasses import dataclass, field
 from omegaconf import OmegaConf
 
 from eval.engines.decode import DecodeSpec
-from eval.shards import parse_shard
-from eval.typing_sim import check_typing
+from eval.evaluation.shards import parse_shard
+from eval.evaluation.typing_sim import check_typing
 from headstart.config import config_from_dict, config_to_dict
-from headstart.device_names import check_device, check_dtype
 from headstart.prompts import check_evaluation_system_setting
+from headstart.run_config import ModelOnDevice
 from headstart.vllm_settings import VLLMSettings
 
 BACKENDS = ("transformers", "vllm")
 
 
 @dataclass
-class EvalConfig:
-    """Streaming evaluation of one model on one benchmark."""
+class EvaluationSettings(ModelOnDevice):
+    """What every evaluation shares: `python -m eval`'s and before/after's keys, declared once."""
 
-    model: str = field(default="smollm2", metadata={"help": "Model: embedded name, hub id, local dir, .gguf or adapter dir."})
-    adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
-    benchmark: str = field(default="humaneval", metadata={"help": "Benchmark name (see eval.benchmarks.BENCHMARKS)."})
-    data_path: str | None = field(
-        default=None,
-        metadata={"help": "Local copy of the benchmark data instead of its default source."},
-    )
-    limit: int | None = field(
-        default=None,
-        metadata={"help": "Evaluate only the first N requests (with n >= 2 segments); null: all; 0: check only (settings, "
-                          "data, model source, output_dir), evaluate and write nothing."},
-    )
     decode: DecodeSpec = field(
         default_factory=DecodeSpec,
         metadata={"help": "Decoder, acceptance rule, answer length, regeneration mode (eval.engines.decode)."},
     )
-    system_prompt: str = field(
-        default="model",
-        metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, "
-                          "none, or literal text"},
+    backend: str = field(
+        default="transformers",
+        metadata={"help": "Fast path drafting on 'transformers' or 'vllm' (drafts, verify passes and regeneration; the same "
+                          "tokens up to floating-point near-ties, so the same forward counts); baselines and the timed "
+                          "residual phase stay on transformers at batch 1."},
     )
     fast_batch_size: int = field(
         default=32,
@@ -53,11 +42,60 @@ class EvalConfig:
                           "(positions 0, N, 2N, ... of the selection); the others are counted from greedy drafts of S_1..S_n "
                           "decoded in batches (the same counts, no wall clock; greedy acceptance, AR fast path). 1: time all."},
     )
-    backend: str = field(
-        default="transformers",
-        metadata={"help": "Fast path drafting on 'transformers' or 'vllm' (drafts, verify passes and regeneration; the same "
-                          "tokens up to floating-point near-ties, so the same forward counts); baselines and the timed "
-                          "residual phase stay on transformers at batch 1."},
+    typing: str | None = field(
+        default=None,
+        metadata={"help": "Typing-time simulation (eval.evaluation.typing_sim): 'cpm:N' (N characters per minute), "
+                          "'unlimited', or a keystroke trace file (seconds per character, one a line); null: off."},
+    )
+    typing_policy: str = field(
+        default="finish",
+        metadata={"help": "Typing simulation: a segment arriving mid-update 'finish'es the update first or 'abandon's it for "
+                          "the newest segment."},
+    )
+    data_paths: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"help": "Local data per benchmark name, e.g. {mbpp: path} (a suite's or before/after's `data_path`s)."},
+    )
+    shard: str | None = field(
+        default=None,
+        metadata={"help": "INDEX/COUNT: evaluate only the requests at positions INDEX, INDEX+COUNT, ... of the selection "
+                          "(of every side and benchmark), into output_dir/shards/INDEX-of-COUNT (eval.evaluation.shards), no "
+                          "report; the same run without shard merges them and reports. null: all."},
+    )
+
+    def __post_init__(self) -> None:
+        parse_shard(self.shard)
+        check_at_least_one("fast_batch_size", self.fast_batch_size)
+        check_timed_every(self.timed_every, self.decode)
+        super().__post_init__()  # dtype, device
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
+        if self.backend == "vllm" and not self.decode.fast:
+            raise ValueError(f"backend=vllm drafts on the fast path; decode.engine={self.decode.engine} runs on transformers "
+                             "(use decode.engine=auto, or backend=transformers)")
+        if self.typing is not None:
+            check_typing(self.typing, self.typing_policy, self.decode)
+
+
+@dataclass
+class EvalConfig(EvaluationSettings):
+    """Streaming evaluation of one model on one benchmark."""
+
+    adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
+    benchmark: str = field(default="humaneval", metadata={"help": "Benchmark name (see eval.benchmarks.BENCHMARKS)."})
+    data_path: str | None = field(
+        default=None,
+        metadata={"help": "Local copy of the benchmark data instead of its default source."},
+    )
+    limit: int | None = field(
+        default=None,
+        metadata={"help": "Evaluate only the first N requests (with n >= 2 segments); null: all; 0: check only (settings, "
+                          "data, model source, output_dir), evaluate and write nothing."},
+    )
+    system_prompt: str = field(
+        default="model",
+        metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, "
+                          "none, or literal text"},
     )
     vllm: VLLMSettings = field(
         default_factory=VLLMSettings,
@@ -72,15 +110,9 @@ class EvalConfig:
         default=None,
         metadata={"help": "CPU-time limit of each executed program; default the benchmark's own."},
     )
-    device: str | None = field(default=None, metadata={"help": "Torch device; default cuda when available, else cpu."})
-    dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
     benchmarks: list[str] = field(
         default_factory=list,
         metadata={"help": "Suite: benchmarks run in turn into one report (empty: just `benchmark`)."},
-    )
-    data_paths: dict[str, str] = field(
-        default_factory=dict,
-        metadata={"help": "Suite: local data per benchmark name (the suite's `data_path`s)."},
     )
     acceptances: list[str] = field(
         default_factory=list,
@@ -91,44 +123,18 @@ class EvalConfig:
         metadata={"help": "Suite: rebuild the report from the results already written (requests every rule has finished); "
                           "compute nothing."},
     )
-    typing: str | None = field(
-        default=None,
-        metadata={"help": "Typing-time simulation (eval.typing_sim): 'cpm:N' (N characters per minute), 'unlimited', or a "
-                          "keystroke trace file (seconds per character, one a line); null: off."},
-    )
-    typing_policy: str = field(
-        default="finish",
-        metadata={"help": "Typing simulation: a segment arriving mid-update 'finish'es the update first or 'abandon's it for "
-                          "the newest segment."},
-    )
     output_dir: str | None = field(
         default=None,
         metadata={"help": "Where results.jsonl and summary.json go; default outputs/eval/<benchmark>-<model>-<acceptance>."},
     )
-    shard: str | None = field(
-        default=None,
-        metadata={"help": "INDEX/COUNT: evaluate only the requests at positions INDEX, INDEX+COUNT, ... of the selection, into "
-                          "output_dir/shards/INDEX-of-COUNT (eval.shards); the same run without shard merges them. null: all."},
-    )
 
     def __post_init__(self) -> None:
         check_limit(self.limit)
-        parse_shard(self.shard)
         # Each of these used to be found only once the model had loaded (minutes for an 8B model).
         self.system_prompt = check_evaluation_system_setting(self.system_prompt)
-        check_at_least_one("fast_batch_size", self.fast_batch_size)
-        check_timed_every(self.timed_every, self.decode)
-        check_dtype(self.dtype)
-        check_device(self.device)
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
-        if self.backend == "vllm" and not self.decode.fast:
-            raise ValueError(f"backend=vllm drafts on the fast path; decode.engine={self.decode.engine} runs on transformers "
-                             "(use decode.engine=auto, or backend=transformers)")
+        super().__post_init__()
         if self.shard is not None and self.report_only:
             raise ValueError("report_only reports merged results; run without shard (that merges the shards)")
-        if self.typing is not None:
-            check_typing(self.typing, self.typing_policy, self.decode)
 
 
 def decode_with(decode: DecodeSpec, overrides: str) -> DecodeSpec:
