@@ -10,7 +10,11 @@ from headstart.config import run_cli
 
 
 def evaluate(config: EvalConfig) -> None:
-    """A suite when the recipe lists several benchmarks or rules, else one evaluation."""
+    """A suite when the recipe lists several benchmarks or rules, else one evaluation.
+
+    Args:
+        config (EvalConfig): the evaluation's settings.
+    """
     from eval.evaluation.runner import run_evaluation  # here, not above: `--help` loads neither
     from eval.evaluation.suite import report_finished, run_suite
 
@@ -23,6 +27,11 @@ def evaluate(config: EvalConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point; returns the exit code.
+
+    Args:
+        argv (list[str] | None): `recipe=NAME` and `key=value` overrides; None: `sys.argv[1:]`.
+    """
     return run_cli(EvalConfig, evaluate, argv)
 
 

@@ -80,7 +80,13 @@ class BeforeAfterConfig(EvaluationSettings):
 
 
 def side_config(config: BeforeAfterConfig, side: str, benchmark: str) -> EvalConfig:
-    """The evaluation of one side on one benchmark; everything but the model is shared."""
+    """The evaluation of one side on one benchmark; everything but the model is shared.
+
+    Args:
+        config (BeforeAfterConfig): the before/after settings.
+        side (str): the side's name (`before`, `after` or a `more_adapted` name).
+        benchmark (str): the benchmark's name.
+    """
     return EvalConfig(
         model=config.sides[side],
         benchmark=benchmark,
@@ -104,7 +110,11 @@ def run_before_after(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str,
     """Evaluate every side, write the report; returns summaries[benchmark][side].
     Every side is checked first (data, base and adapted weights, results already in
     output_dir: a retrained adapter at the same path is refused, not reused), so a
-    bad setting fails before any model loads or any file is written."""
+    bad setting fails before any model loads or any file is written.
+
+    Args:
+        config (BeforeAfterConfig): the before/after settings.
+    """
     from eval.evaluation.runner import prepare_evaluation, run_evaluation  # here, not above: `--help` loads no torch
     from eval.reporting.paired import compare_sides  # numpy, scipy: not for `--help`
 
@@ -148,8 +158,9 @@ def run_shard(config: BeforeAfterConfig,
     Nothing else is written, so that shards running at once never share a file.
 
     Args:
-        config: the before/after settings, with `shard` set.
-        prepared: (side, benchmark) -> its run as `run_before_after` checked it; None: checked here.
+        config (BeforeAfterConfig): the before/after settings, with `shard` set.
+        prepared (dict[tuple[str, str], PreparedRun] | None): (side, benchmark) -> its run as
+            `run_before_after` checked it; None: checked here.
     """
     from eval.evaluation.runner import run_evaluation  # here, not above: `--help` loads no torch
 
@@ -164,7 +175,15 @@ def run_shard(config: BeforeAfterConfig,
 
 def write_figures(summaries, records, directory: Path,
                   paired: dict[str, dict[str, PairedComparison]] | None = None) -> list[Path]:
-    """Speedup histograms, acceptance bars and, with `paired`, the per-request paired differences."""
+    """Speedup histograms, acceptance bars and, with `paired`, the per-request paired differences.
+
+    Args:
+        summaries (dict[str, dict[str, dict[str, Any]]]): summaries[benchmark][side].
+        records (dict[str, dict[str, list[dict[str, Any]]]]): records[benchmark][side], each side's results.jsonl.
+        directory (Path): where the PNG files go.
+        paired (dict[str, dict[str, PairedComparison]] | None): paired[benchmark][side], each side against
+            the base; None: no paired figure.
+    """
     from eval.reporting.plots import acceptance_bars, paired_differences, speedup_histogram  # matplotlib: not for `--help`
 
     figures = [
@@ -179,7 +198,11 @@ def write_figures(summaries, records, directory: Path,
 
 
 def report_tables(summaries: dict[str, dict[str, dict[str, Any]]]) -> dict[str, tuple[list[str], list[list[str]]]]:
-    """Table 1 (quality), 2 (speedup), 3 (acceptance), with a macro-average row."""
+    """Table 1 (quality), 2 (speedup), 3 (acceptance), with a macro-average row.
+
+    Args:
+        summaries (dict[str, dict[str, dict[str, Any]]]): summaries[benchmark][side].
+    """
     rows = dict(summaries)
     if len(rows) > 1:
         sides = next(iter(summaries.values()))
@@ -207,7 +230,18 @@ def report_tables(summaries: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
 
 def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], output_dir: Path, typing=None,
                   paired: dict[str, dict[str, PairedComparison]] | None = None) -> None:
-    """report.md, report.html and summary.json (each side but the base with its paired_vs_before)."""
+    """report.md, report.html and summary.json (each side but the base with its paired_vs_before).
+
+    Args:
+        config (BeforeAfterConfig): the before/after settings.
+        summaries (dict[str, dict[str, dict[str, Any]]]): summaries[benchmark][side].
+        figures (list[Path]): the PNG files the reports show.
+        output_dir (Path): where the reports go.
+        typing (dict[str, dict[str, dict[str, Any]]] | None): typing[side][benchmark], from `side_typing`;
+            None: no typing section.
+        paired (dict[str, dict[str, PairedComparison]] | None): paired[benchmark][side], each side against
+            the base; None: no paired section.
+    """
     from eval.reporting.paired import BASE_SIDE, paired_markdown, paired_note, paired_rows  # numpy: not for `--help`
 
     tables = report_tables(summaries)
@@ -246,13 +280,22 @@ def write_reports(config: BeforeAfterConfig, summaries, figures: list[Path], out
 
 
 def side_typing(config: BeforeAfterConfig) -> dict[str, dict[str, dict[str, Any]]]:
-    """typing[side][benchmark]: each side's typing.json (written by run_evaluation)."""
+    """typing[side][benchmark]: each side's typing.json (written by run_evaluation).
+
+    Args:
+        config (BeforeAfterConfig): the before/after settings.
+    """
     return {side: {b: json.loads((Path(side_config(config, side, b).output_dir) / "typing.json").read_text())[b]
                    for b in config.benchmarks} for side in config.sides}
 
 
 def typing_figures(typing: dict[str, dict[str, dict[str, Any]]], directory: Path) -> list[Path]:
-    """One time-to-answer against typing speed figure per side."""
+    """One time-to-answer against typing speed figure per side.
+
+    Args:
+        typing (dict[str, dict[str, dict[str, Any]]]): typing[side][benchmark], from `side_typing`.
+        directory (Path): where the PNG files go.
+    """
     from eval.reporting.plots import typing_curve  # matplotlib: not for `--help`
 
     return [typing_curve(by_benchmark, directory / f"typing_{side}.png") for side, by_benchmark in typing.items()]
@@ -269,6 +312,11 @@ def _html(header: list[str], rows: list[list[str]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point; returns the exit code.
+
+    Args:
+        argv (list[str] | None): `recipe=NAME` and `key=value` overrides; None: `sys.argv[1:]`.
+    """
     return run_cli(BeforeAfterConfig, run_before_after, argv)
 
 

@@ -20,6 +20,11 @@ class LiveConfig(ServeConfig):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point; returns the exit code.
+
+    Args:
+        argv (list[str] | None): `model=NAME` and `key=value` overrides; None: `sys.argv[1:]`.
+    """
     return run_cli(LiveConfig, serve, argv)
 
 

@@ -70,7 +70,12 @@ class ServeConfig(ModelOnDevice):
 
 def served_model_dir(model: str, adapter: str | None) -> str:
     """The directory vLLM loads: `model` resolved (a GGUF converted once), or base + adapter merged
-    once into the cache (keyed by the weights' fingerprint)."""
+    once into the cache (keyed by the weights' fingerprint).
+
+    Args:
+        model (str): a model's name, directory or .gguf file, or an adapter directory (then served merged into its base).
+        adapter (str | None): a LoRA adapter directory to merge into `model`; None: none.
+    """
     from headstart.model_files import adapter_base
     from headstart.models import cache_dir, resolve_model_dir, weights_fingerprint
 
@@ -99,7 +104,11 @@ class Server:
 
 
 def start_server(config: ServeConfig) -> Server:
-    """Load the tokenizer, start the engine, build the app (the live page included)."""
+    """Load the tokenizer, start the engine, build the app (the live page included).
+
+    Args:
+        config (ServeConfig): the server's settings.
+    """
     from transformers import GenerationConfig
 
     from eval.serving.api import Served, build_app
@@ -150,6 +159,11 @@ def start_server(config: ServeConfig) -> Server:
 
 
 def serve(config: ServeConfig) -> None:
+    """Check the address, start the server and serve until stopped; the engine is closed at the end.
+
+    Args:
+        config (ServeConfig): the server's settings.
+    """
     import uvicorn
 
     from eval.serving.page import check_listenable
@@ -166,6 +180,11 @@ def serve(config: ServeConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point; returns the exit code.
+
+    Args:
+        argv (list[str] | None): `model=NAME` and `key=value` overrides; None: `sys.argv[1:]`.
+    """
     return run_cli(ServeConfig, serve, argv)
 
 

@@ -28,7 +28,11 @@ class WidthCostConfig(ModelOnDevice):
 
 
 def measure_table(config: WidthCostConfig) -> None:
-    """Measure, write, and print the table (seconds and steps per width)."""
+    """Measure, write, and print the table (seconds and steps per width).
+
+    Args:
+        config (WidthCostConfig): the model, device, repeats and output file.
+    """
     from pathlib import Path
 
     from eval.engines.width_measure import measure
@@ -47,6 +51,11 @@ def measure_table(config: WidthCostConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line's entry point; returns the exit code.
+
+    Args:
+        argv (list[str] | None): `model=NAME` and `key=value` overrides; None: `sys.argv[1:]`.
+    """
     return run_cli(WidthCostConfig, measure_table, argv)
 
 

@@ -31,7 +31,11 @@ class LookupPolicy:
     costs: tuple[float, ...] = ()  # choice 'cost': a forward of width w costs costs[w - 1] one-token steps
 
     def proposal_length(self, context: int) -> int:
-        """Tokens proposed after a match of `context` tokens: a long match earns a long block."""
+        """Tokens proposed after a match of `context` tokens: a long match earns a long block.
+
+        Args:
+            context (int): the matched context's length in tokens.
+        """
         if not self.max_block:
             return self.block
         return max(self.block, min(self.max_block, 2 * context))
@@ -41,4 +45,10 @@ class BranchProposer(Protocol):
     """Proposes, after an answer, the branches one forward verifies (at most `budget` tokens each)."""
 
     def branches(self, answer: list[int], budget: int) -> list[list[int]]:
+        """The branches to verify after `answer` (none: decode plainly).
+
+        Args:
+            answer (list[int]): the answer's tokens so far.
+            budget (int): the most tokens a branch may hold.
+        """
         ...

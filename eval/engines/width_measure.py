@@ -17,7 +17,15 @@ from eval.engines.width_table import AUTO, CONTEXT, WIDTHS, WidthCost, auto_path
 def measure(model: PreTrainedModel, name: str, widths: tuple[int, ...] = WIDTHS, context: int = CONTEXT,
             repeats: int = 5) -> WidthCost:
     """Time a forward of each width after `context` cached tokens (median of `repeats`, after a
-    warm-up); the tokens are fixed ids, since the cost does not depend on which tokens they are."""
+    warm-up); the tokens are fixed ids, since the cost does not depend on which tokens they are.
+
+    Args:
+        model (PreTrainedModel): the loaded model.
+        name (str): the model's name, recorded in the table.
+        widths (tuple[int, ...]): the forward widths to time, in tokens.
+        context (int): how many tokens the cache holds before each forward.
+        repeats (int): timed forwards per width.
+    """
     device = model.device
     vocabulary = decoder_config(model).vocab_size
     ids = [(7 + 13 * i) % vocabulary for i in range(context + max(widths))]
@@ -42,7 +50,14 @@ def measure(model: PreTrainedModel, name: str, widths: tuple[int, ...] = WIDTHS,
 
 def resolve(setting: str, name: str, device: str, model: PreTrainedModel | None = None) -> WidthCost | None:
     """The table `decode.width_cost` names: none (''), a file, or (`auto`) this machine's for
-    `name`, measured on `model` and kept the first time (without a model, only read)."""
+    `name`, measured on `model` and kept the first time (without a model, only read).
+
+    Args:
+        setting (str): `decode.width_cost`: '', a file, or `auto`.
+        name (str): the model's name.
+        device (str): the device the run is on.
+        model (PreTrainedModel | None): the loaded model, to measure with; None: only read.
+    """
     if not setting:
         return None
     if setting != AUTO:
@@ -64,9 +79,9 @@ def use_auto_table(decode: DecodeSpec, name: str, model: PreTrainedModel) -> Non
     already is kept.
 
     Args:
-        decode: the decode settings; their table is set in place.
-        name: the model's name, as the table records it.
-        model: the loaded model (its device names the machine; it is measured when no table exists).
+        decode (DecodeSpec): the decode settings; their table is set in place.
+        name (str): the model's name, as the table records it.
+        model (PreTrainedModel): the loaded model (its device names the machine; it is measured when no table exists).
     """
     if decode.width_cost != AUTO:
         return

@@ -139,13 +139,23 @@ class EvalConfig(EvaluationSettings):
 
 def decode_with(decode: DecodeSpec, overrides: str) -> DecodeSpec:
     """`decode` with space-separated `key=value` overrides ("lookup_match=longest lookup_tree=8"),
-    validated as a recipe's would be (the benchmarks' `--policy`)."""
+    validated as a recipe's would be (the benchmarks' `--policy`).
+
+    Args:
+        decode (DecodeSpec): the decode settings to start from (left unchanged).
+        overrides (str): space-separated `key=value` pairs of `DecodeSpec` fields.
+    """
     values = OmegaConf.to_container(OmegaConf.from_dotlist(overrides.split()))
     return config_from_dict(DecodeSpec, config_to_dict(decode) | values)
 
 
 def check_timed_every(timed_every: int, decode: DecodeSpec) -> None:
-    """Counting without timing needs every count to follow from greedy drafts: greedy acceptance on the AR fast path."""
+    """Counting without timing needs every count to follow from greedy drafts: greedy acceptance on the AR fast path.
+
+    Args:
+        timed_every (int): every how many requests one is decoded and timed (1: all).
+        decode (DecodeSpec): the decode settings.
+    """
     check_at_least_one("timed_every", timed_every)
     if timed_every > 1 and not (decode.fast and decode.rule.lossless):
         raise ValueError(f"timed_every={timed_every} counts requests from greedy drafts: it needs decode.acceptance=greedy "
@@ -154,12 +164,23 @@ def check_timed_every(timed_every: int, decode: DecodeSpec) -> None:
 
 
 def check_at_least_one(setting: str, value: int) -> None:
+    """Refuse a `value` below 1.
+
+    Args:
+        setting (str): the setting's name, for the error.
+        value (int): its value.
+    """
     if value < 1:
         raise ValueError(f"{setting} must be >= 1, not {value}")
 
 
 def check_limit(limit: int | None, minimum: int = 1) -> None:
     """`limit` is null (every request), 0 (check only: nothing evaluated, nothing
-    written) or at least `minimum`; a negative one used to drop the last requests."""
+    written) or at least `minimum`; a negative one used to drop the last requests.
+
+    Args:
+        limit (int | None): how many requests to evaluate (the first ones); None: all.
+        minimum (int): the fewest requests a nonzero limit may ask for.
+    """
     if limit is not None and limit != 0 and limit < minimum:
         raise ValueError(f"limit must be null (every request), 0 (check only) or >= {minimum}, not {limit}")

@@ -41,12 +41,13 @@ class StreamingEvaluator:
                  untimed: set[str] = frozenset(), system: str | None | EllipsisType = ...) -> None:
         """
         Args:
-            loaded: the model and tokenizer.
-            config: the run's settings.
-            requests: what it will evaluate, for the drafting cache vLLM reserves (None: the model's context).
-            untimed: the ids of requests counted from batched greedy drafts, not timed (count mode, `timed_every`).
-            system: the system message the run resolved (None: no system turn); `...`: resolved here from
-                `config.system_prompt`.
+            loaded (LoadedModel): the model and tokenizer.
+            config (EvalConfig): the run's settings.
+            requests (list[Request] | None): what it will evaluate, for the drafting cache vLLM reserves
+                (None: the model's context).
+            untimed (set[str]): the ids of requests counted from batched greedy drafts, not timed (count mode, `timed_every`).
+            system (str | None | EllipsisType): the system message the run resolved (None: no system turn);
+                `...`: resolved here from `config.system_prompt`.
         """
         self.loaded = loaded
         self.untimed = untimed
@@ -68,7 +69,11 @@ class StreamingEvaluator:
             self.drafter.close()
 
     def prompts(self, request: Request) -> list[list[int]]:
-        """Token ids of the templated prompt after each segment S_1..S_n."""
+        """Token ids of the templated prompt after each segment S_1..S_n.
+
+        Args:
+            request (Request): the request.
+        """
         tokenizer, family = self.loaded.tokenizer, self.loaded.family
         return [
             encode_prompt(tokenizer, build_messages(known, request.history, self.system), family)
@@ -78,7 +83,11 @@ class StreamingEvaluator:
     def needed_model_len(self, requests: list[Request] | None) -> int | None:
         """The longest prompt + answer vLLM drafting is sent, over every prefix (BPE can spend more
         tokens on a prefix than on the whole request); None without requests, or when drafting is
-        not on vLLM."""
+        not on vLLM.
+
+        Args:
+            requests (list[Request] | None): the requests the run evaluates.
+        """
         if not requests or self.config.backend != "vllm":
             return None
         longest = max(len(prompt) for request in requests for prompt in self.prompts(request))
@@ -86,17 +95,29 @@ class StreamingEvaluator:
 
     def warm_up(self, request: Request) -> None:
         """An untimed prefill and one-token step, so that wall clock is measured on a warm model
-        (a step's kernels, not only a prefill's, have run before the first timed baseline)."""
+        (a step's kernels, not only a prefill's, have run before the first timed baseline).
+
+        Args:
+            request (Request): the request whose whole prompt is prefilled.
+        """
         state = self.engine.new_state()
         logits = self.engine.forward(state, self.prompts(request)[-1], phase=None)
         self.engine.forward(state, [int(logits[-1].argmax())], phase=None)
 
     def evaluate(self, request: Request) -> dict[str, Any]:
-        """Stream one request and decode its baseline; the record of both."""
+        """Stream one request and decode its baseline; the record of both.
+
+        Args:
+            request (Request): the request.
+        """
         return self.evaluate_many([request])[0]
 
     def evaluate_many(self, requests: list[Request]) -> list[dict[str, Any]]:
-        """Records of several requests; the fast path decodes all their drafts in one batch."""
+        """Records of several requests; the fast path decodes all their drafts in one batch.
+
+        Args:
+            requests (list[Request]): the requests, in order (one group of `request_groups`).
+        """
         if not self.fast:
             return [self._evaluate_stepwise(request) for request in requests]
         prompts = [self.prompts(request) for request in requests]
@@ -115,7 +136,12 @@ class StreamingEvaluator:
     def drafts(self, prompts: list[list[list[int]]], counted: list[bool]) -> list[Drafting]:
         """Each request's drafts D_1..D_{n-1} and their forwards, batched across requests; under
         greedy, every request also gets D_n = greedy(S_n) in the same batch: a request counted,
-        not timed, is counted from it, a timed one measures the drafter's agreement with it."""
+        not timed, is counted from it, a timed one measures the drafter's agreement with it.
+
+        Args:
+            prompts (list[list[list[int]]]): each request's prompt ids after each segment S_1..S_n.
+            counted (list[bool]): per request, whether it is counted from its drafts rather than timed.
+        """
         decode, eos = self.decode, self.engine.eos_token_ids
         if not decode.rule.lossless:
             return round_drafts(self.drafter, [p[:-1] for p in prompts], decode, eos)
@@ -134,7 +160,11 @@ class StreamingEvaluator:
         return self._record(request, *self._baselines(prompts[-1]), stream.final, drafting)
 
     def request_groups(self, requests: list[Request]) -> list[list[Request]]:
-        """Consecutive requests whose drafts fit one fast-path batch (one each when stepwise)."""
+        """Consecutive requests whose drafts fit one fast-path batch (one each when stepwise).
+
+        Args:
+            requests (list[Request]): the requests left to evaluate, in order.
+        """
         if not self.fast:
             return [[request] for request in requests]
         # Greedy decodes every prefix of a group in one batch, S_n included; other rules one per request per round.
@@ -204,7 +234,13 @@ def identity_fields(baseline: UpdateResult, final: UpdateResult, drafting: Draft
     """What a record says of identity: whether its answers were compared token for token (a counted
     request's are both the drafter's D_n: not compared, None), where a compared streamed answer departs
     from the baseline (a near-tie flipped in bf16), and, for a timed request on the greedy fast path,
-    whether the drafter's batched D_n is the batch-1 baseline."""
+    whether the drafter's batched D_n is the batch-1 baseline.
+
+    Args:
+        baseline (UpdateResult): S_n decoded from scratch at batch 1.
+        final (UpdateResult): the streamed answer's final update.
+        drafting (Drafting): the request's drafts (and, under greedy, the drafter's D_n).
+    """
     if drafting.counted:
         return {"identical": None, "identical_measured": False, "first_difference": None, "drafter_identical": None}
     identical = baseline.answer == final.answer
@@ -218,7 +254,13 @@ def identity_fields(baseline: UpdateResult, final: UpdateResult, drafting: Draft
 
 def warn_on_disagreement(request: Request, drafting: Drafting, baseline: UpdateResult) -> None:
     """Say so, naming the request, when the drafter's D_n (batched greedy) is not the batch-1 baseline:
-    a count-mode run's counted requests assume they agree."""
+    a count-mode run's counted requests assume they agree.
+
+    Args:
+        request (Request): the request, named in the warning.
+        drafting (Drafting): the request's drafts, with the drafter's D_n.
+        baseline (UpdateResult): S_n decoded from scratch at batch 1.
+    """
     if drafting.answer is not None and drafting.answer != baseline.answer:
         departs = common_prefix_length(drafting.answer, baseline.answer)
         tqdm.write(f"warning: request {request.request_id}: the drafter's answer to S_n differs from the batch-1 greedy "
@@ -228,7 +270,14 @@ def warn_on_disagreement(request: Request, drafting: Drafting, baseline: UpdateR
 
 def build_drafter(loaded: LoadedModel, config: EvalConfig, eos: set[int], needed_len: int | None = None) -> Drafter:
     """What the fast path drafts on: the loaded model, or vLLM engines on the same weights
-    (`backend=vllm`; the timed residual phase and the baselines stay on the loaded model)."""
+    (`backend=vllm`; the timed residual phase and the baselines stay on the loaded model).
+
+    Args:
+        loaded (LoadedModel): the loaded model and tokenizer.
+        config (EvalConfig): the run's settings.
+        eos (set[int]): the token ids that end an answer.
+        needed_len (int | None): the longest prompt + answer vLLM drafting is sent, in tokens; None: the model's context.
+    """
     if config.backend == "vllm":
         from eval.engines.vllm_drafter import VLLMDrafter
 
@@ -239,7 +288,12 @@ def build_drafter(loaded: LoadedModel, config: EvalConfig, eos: set[int], needed
 
 def build_engine(loaded: LoadedModel, decode: DecodeSpec) -> StreamingEngine:
     """The decoder `decode.engine` names; the diffusion decoders need the mask token
-    (a clear error from `mask_token_id` when the model lacks it)."""
+    (a clear error from `mask_token_id` when the model lacks it).
+
+    Args:
+        loaded (LoadedModel): the loaded model and tokenizer.
+        decode (DecodeSpec): the decode settings.
+    """
     eos = loaded.eos_token_ids
     if decode.engine == "refusion":
         return RefusionEngine(loaded.model, mask_token_id(loaded.tokenizer), eos, decode)

@@ -66,7 +66,11 @@ def result_settings(config: EvalConfig, device: str | None = None) -> dict[str, 
 def saved_config(output_dir: Path) -> EvalConfig:
     """The evaluation config that wrote a results directory (its number-deciding settings;
     those config.json does not record, the decode settings its engine and regeneration
-    mode ignore, at their defaults)."""
+    mode ignore, at their defaults).
+
+    Args:
+        output_dir (Path): the results directory.
+    """
     defaults = {f.name: f.default for f in fields(EvalConfig) + fields(DecodeSpec) if f.default is not MISSING}
     settings = defaults | recorded_settings(output_dir)
     decode = DecodeSpec(**{f.name: settings[f.name] for f in fields(DecodeSpec)})
@@ -77,7 +81,12 @@ def check_resumable(output_dir: Path, current: dict[str, Any]) -> dict[str, Any]
     """Refuse to write into a directory headstart did not create (headstart.run_dir), and to
     mix results of different settings, or of other weights or data, in one directory. A
     directory without progress (no result, no shard's result) is no run: a new launch there
-    starts afresh. Reads only; returns the settings config.json is to record."""
+    starts afresh. Reads only; returns the settings config.json is to record.
+
+    Args:
+        output_dir (Path): the results directory.
+        current (dict[str, Any]): this run's number-deciding settings and fingerprints (`result_settings`).
+    """
     if check_output_dir(output_dir, RUN_KIND) == "new" or not _has_progress(output_dir):
         return current
     if not (output_dir / "config.json").exists():

@@ -36,6 +36,11 @@ from headstart.vllm_client import vllm_unavailable
 
 
 def default_output_dir(config: EvalConfig) -> Path:
+    """Where a run's results go without `output_dir`: outputs/eval/<benchmark>-<model>-<acceptance>-<engine or regeneration>.
+
+    Args:
+        config (EvalConfig): the run's settings.
+    """
     model = safe_name(Path(config.adapter or config.model).name)
     decode = config.decode
     decoder = f"-{decode.engine}" if decode.engine in DIFFUSION_ENGINES else f"-{decode.regenerate}"
@@ -64,7 +69,12 @@ def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None
     the benchmark name, its data (read whole: a bad line, a missing field, an empty file
     or no streamable request is an error), the model and adapter sources (fingerprinted),
     the results already in output_dir (same settings, same bytes) and, for a run that
-    was sharded, its shards (all there, finished, same settings; eval.evaluation.shards)."""
+    was sharded, its shards (all there, finished, same settings; eval.evaluation.shards).
+
+    Args:
+        config (EvalConfig): the run's settings.
+        requests (list[Request] | None): the requests to evaluate; None: the benchmark's first `limit`.
+    """
     output_dir = Path(config.output_dir) if config.output_dir else default_output_dir(config)
     device = resolve_device(config.device)  # a GPU asked for where CUDA is unusable: refused here, not run on CPU
     benchmark = get_benchmark(config.benchmark, config.data_path, config.sandbox_cpu_seconds)
@@ -96,7 +106,12 @@ def prepare_evaluation(config: EvalConfig, requests: list[Request] | None = None
 
 def start_results(prepared: PreparedRun, config: EvalConfig) -> None:
     """Create the results directory and record its settings (after `prepare_evaluation`);
-    a shard also records its requests, a sharded run gets its shards' records."""
+    a shard also records its requests, a sharded run gets its shards' records.
+
+    Args:
+        prepared (PreparedRun): the checked run.
+        config (EvalConfig): the run's settings, written as config.yaml.
+    """
     if prepared.shard:  # the run the shard belongs to: marked, so that the merging run may write there
         write_mark(prepared.output_dir.parent.parent, RUN_KIND)
     write_mark(prepared.output_dir, RUN_KIND)  # before any other file: the directory is headstart's
@@ -116,11 +131,12 @@ def run_evaluation(
     With limit=0 it only checks (`prepare_evaluation`): nothing loads, nothing is written.
 
     Args:
-        config: the run's settings.
-        loaded: the model, or what loads it, called only when a request is left to compute (a run
-            whose results are all there, e.g. merged shards, loads nothing); None: `config.model`.
-        requests: replaces the benchmark's first `limit` (scored by the same benchmark).
-        prepared: `prepare_evaluation(config, requests)` where the caller checked the run already
+        config (EvalConfig): the run's settings.
+        loaded (LoadedModel | Callable[[], LoadedModel] | None): the model, or what loads it, called only when a
+            request is left to compute (a run whose results are all there, e.g. merged shards, loads nothing);
+            None: `config.model`.
+        requests (list[Request] | None): replaces the benchmark's first `limit` (scored by the same benchmark).
+        prepared (PreparedRun | None): `prepare_evaluation(config, requests)` where the caller checked the run already
             (its device, system message and fingerprints are resolved once); None: prepared here.
     """
     prepared = prepared or prepare_evaluation(config, requests)
@@ -186,7 +202,13 @@ def run_evaluation(
 
 def check_computed_dtype(records: list[dict[str, Any]], dtype: str, results_path: Path) -> None:
     """Refuse to add results computed in `dtype` to records computed in another (a CPU fp32 run
-    resumed on a GPU in bf16 would mix two models' numbers). Records from before the field: unknown, accepted."""
+    resumed on a GPU in bf16 would mix two models' numbers). Records from before the field: unknown, accepted.
+
+    Args:
+        records (list[dict[str, Any]]): the results already written.
+        dtype (str): the dtype this run computes in (`float32`, `bfloat16`, ...).
+        results_path (Path): the results file, for the error.
+    """
     recorded = sorted({r["dtype"] for r in records if r.get("dtype")} - {dtype})
     if recorded:
         raise ValueError(f"{results_path} holds results computed in {', '.join(recorded)}; this run computes in {dtype}: "
@@ -194,13 +216,21 @@ def check_computed_dtype(records: list[dict[str, Any]], dtype: str, results_path
 
 
 def summary_labels(config: EvalConfig) -> dict[str, Any]:
-    """What a summary was measured on: benchmark, model, adapter, acceptance rule and regeneration."""
+    """What a summary was measured on: benchmark, model, adapter, acceptance rule and regeneration.
+
+    Args:
+        config (EvalConfig): the run's settings.
+    """
     return {"benchmark": config.benchmark, "model": config.model, "adapter": config.adapter,
             "acceptance": config.decode.acceptance, "regenerate": config.decode.regenerate}
 
 
 def timing_note(config: EvalConfig) -> str:
-    """Where the work ran, and which of it was timed (the report says so: vLLM drafts but never times)."""
+    """Where the work ran, and which of it was timed (the report says so: vLLM drafts but never times).
+
+    Args:
+        config (EvalConfig): the run's settings.
+    """
     if not config.decode.fast:
         return "Every update decoded on transformers at batch 1, each one timed."
     note = (f"Drafting (counted, not timed) on {config.backend}; the baselines and the timed residual phase "

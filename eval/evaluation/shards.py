@@ -45,12 +45,20 @@ class Shard:
 
     def select(self, items: Sequence[T]) -> list[T]:
         """Its part of `items`: every COUNT-th from INDEX, order kept (round robin, so
-        long and short requests spread evenly when the data is sorted by anything)."""
+        long and short requests spread evenly when the data is sorted by anything).
+
+        Args:
+            items (Sequence[T]): the run's selection, in order.
+        """
         return list(items[self.index :: self.count])
 
 
 def parse_shard(text: str | None) -> Shard | None:
-    """`INDEX/COUNT` (0 <= INDEX < COUNT) as a Shard; None (no sharding) for None."""
+    """`INDEX/COUNT` (0 <= INDEX < COUNT) as a Shard; None (no sharding) for None.
+
+    Args:
+        text (str | None): the `shard` setting.
+    """
     if text is None:
         return None
     match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
@@ -63,11 +71,23 @@ def parse_shard(text: str | None) -> Shard | None:
 
 
 def shard_dir(output_dir: Path, shard: Shard) -> Path:
+    """The directory a shard of the run in `output_dir` writes to: output_dir/shards/INDEX-of-COUNT.
+
+    Args:
+        output_dir (Path): the results directory of the run the shard splits.
+        shard (Shard): the shard.
+    """
     return output_dir / SHARDS_DIR / shard.name
 
 
 def write_manifest(directory: Path, shard: Shard, request_ids: list[str]) -> None:
-    """What the merge checks a shard against: which requests it was given."""
+    """What the merge checks a shard against: which requests it was given.
+
+    Args:
+        directory (Path): the shard's directory.
+        shard (Shard): the shard.
+        request_ids (list[str]): the ids of the requests it was given, in order.
+    """
     manifest = {"shard": str(shard), "request_ids": request_ids}
     (directory / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
@@ -75,7 +95,13 @@ def write_manifest(directory: Path, shard: Shard, request_ids: list[str]) -> Non
 def merged_records(output_dir: Path, settings: dict[str, Any], request_ids: list[str]) -> list[dict[str, Any]] | None:
     """The records of output_dir's shards in the order of `request_ids` (the unsharded
     run's selection), or None when it holds no shards. Reads only; every way the shards
-    can fail to add up to this run is an error naming the shard and what to do."""
+    can fail to add up to this run is an error naming the shard and what to do.
+
+    Args:
+        output_dir (Path): the results directory of the sharded run.
+        settings (dict[str, Any]): this run's number-deciding settings and fingerprints; every shard must record them.
+        request_ids (list[str]): the ids of the run's selection, in order.
+    """
     root = output_dir / SHARDS_DIR
     shards = _shards_in(root)
     if not shards:
@@ -99,7 +125,12 @@ def merged_records(output_dir: Path, settings: dict[str, Any], request_ids: list
 def merge_into(results_path: Path, merged: list[dict[str, Any]]) -> None:
     """Make `results_path` hold the merged records (first, in their order). Merging
     again is a no-op; records of the same requests that differ (results computed
-    apart from these shards) are refused rather than silently replaced."""
+    apart from these shards) are refused rather than silently replaced.
+
+    Args:
+        results_path (Path): the run's results.jsonl.
+        merged (list[dict[str, Any]]): the shards' records, from `merged_records`.
+    """
     by_id = {record["request_id"]: record for record in merged}
     existing = read_jsonl(results_path)
     conflicting = [r["request_id"] for r in existing if r["request_id"] in by_id and r != by_id[r["request_id"]]]
@@ -137,7 +168,11 @@ ADDED_SETTINGS = {"lookup_realign": 0}
 
 
 def recorded_settings(directory: Path) -> dict[str, Any]:
-    """The settings a results directory's config.json records, with ADDED_SETTINGS where it predates them."""
+    """The settings a results directory's config.json records, with ADDED_SETTINGS where it predates them.
+
+    Args:
+        directory (Path): the results directory (a run's or a shard's).
+    """
     path = directory / "config.json"
     try:
         return ADDED_SETTINGS | json.loads(path.read_text())

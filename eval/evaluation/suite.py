@@ -26,13 +26,23 @@ SUITE_KIND = "eval-suite"
 
 
 def suite_output_dir(config: EvalConfig) -> Path:
+    """The suite's directory: `output_dir`, else outputs/eval/suite-<model>.
+
+    Args:
+        config (EvalConfig): the suite's settings.
+    """
     if config.output_dir:
         return Path(config.output_dir)
     return outputs_dir("eval", f"suite-{Path(config.adapter or config.model).name}")
 
 
 def run_suite(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str, dict[str, dict[str, Any]]]:
-    """Evaluate every benchmark under every rule; writes summary.json and report.md."""
+    """Evaluate every benchmark under every rule; writes summary.json and report.md.
+
+    Args:
+        config (EvalConfig): the suite's settings.
+        loaded (LoadedModel | None): the model, already loaded; None: loaded by the first run with a request left to compute.
+    """
     names, rules = _benchmarks_and_rules(config)
     unknown = set(config.data_paths) - set(names)
     if unknown:
@@ -65,7 +75,11 @@ def run_suite(config: EvalConfig, loaded: LoadedModel | None = None) -> dict[str
 def report_finished(config: EvalConfig) -> dict[str, dict[str, dict[str, Any]]]:
     """The suite report from the results already written, loading no model: per
     benchmark, the first `limit` requests that every rule has finished, so that the
-    rules compare on the same requests (a long run can be reported while it goes on)."""
+    rules compare on the same requests (a long run can be reported while it goes on).
+
+    Args:
+        config (EvalConfig): the suite's settings.
+    """
     names, rules = _benchmarks_and_rules(config)
     output_dir = suite_output_dir(config)
     check_output_dir(output_dir, SUITE_KIND)
@@ -107,6 +121,13 @@ def _records_by_id(output_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 def write_suite_report(output_dir: Path, by_rule: dict[str, dict[str, dict[str, Any]]], config: EvalConfig) -> None:
+    """Write the suite's summary.json (with each rule's macro average) and report.md, and print the report.
+
+    Args:
+        output_dir (Path): the suite's directory.
+        by_rule (dict[str, dict[str, dict[str, Any]]]): each rule's summary per benchmark.
+        config (EvalConfig): the suite's settings, for the report's title.
+    """
     summary = {rule: dict(s) | {"macro average": macro_average(s)} for rule, s in by_rule.items()}
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     decode = config.decode

@@ -13,7 +13,7 @@ Where durations come from (the design choice, and why):
   re-derived from the tokens: under `greedy` acceptance D_i = greedy(S_i) whatever
   draft was held (the fast path's per-prefix drafts), and the forwards of an update
   holding D_j are `lookup.update_cost`, the count the engine executes (checked
-  against the stepwise engine in tests/test_ar_engine.py). Other rules make D_i
+  against the stepwise engine by the AR engine's tests). Other rules make D_i
   depend on the held draft, which would need the model at report time: refused.
 - Seconds = each forward's cost x a per-request rate measured on this model and machine
   and already recorded in results.jsonl. A forward's cost is in one-token steps: its
@@ -60,7 +60,11 @@ class Typist:
     gaps: tuple[float, ...] | None
 
     def arrivals(self, segments: list[str]) -> list[float]:
-        """Seconds at which each S_i is complete (its last character typed)."""
+        """Seconds at which each S_i is complete (its last character typed).
+
+        Args:
+            segments (list[str]): the request's segments S_1..S_n, in order.
+        """
         if self.gaps is None:
             return [UNLIMITED_GAP * (i + 1) for i in range(len(segments))]
         times, typed, clock = [], 0, 0.0
@@ -73,6 +77,11 @@ class Typist:
 
 
 def cpm_typist(cpm: float) -> Typist:
+    """A typist of constant speed: one character every 60/`cpm` seconds.
+
+    Args:
+        cpm (float): the typing speed in characters per minute.
+    """
     if not (cpm > 0 and math.isfinite(cpm)):
         raise ValueError(f"typing=cpm:N needs a typing speed N > 0 characters per minute, not {cpm}")
     return Typist(f"cpm:{cpm:g}", (60.0 / cpm,))
@@ -82,7 +91,11 @@ UNLIMITED = Typist("unlimited", None)
 
 
 def parse_typist(spec: str) -> Typist:
-    """`unlimited`, `cpm:<N>`, or the path of a keystroke trace (`read_trace`)."""
+    """`unlimited`, `cpm:<N>`, or the path of a keystroke trace (`read_trace`).
+
+    Args:
+        spec (str): the `typing` setting.
+    """
     if spec == "unlimited":
         return UNLIMITED
     if spec.startswith("cpm:"):
@@ -100,7 +113,11 @@ def parse_typist(spec: str) -> Typist:
 def read_trace(path: Path) -> Typist:
     """A recorded keystroke trace: one keystroke per line, its time in seconds, optionally
     followed by a tab and the character typed (ignored); blank lines and '#' comments
-    skipped. Its gaps are replayed in turn, cyclically, for requests longer than it."""
+    skipped. Its gaps are replayed in turn, cyclically, for requests longer than it.
+
+    Args:
+        path (Path): the trace file.
+    """
     times: list[float] = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         text = line.split("\t", 1)[0].strip()
@@ -138,7 +155,11 @@ class TypedRequest:
 
 
 def check_typing_decode(decode: DecodeSpec) -> None:
-    """The simulation re-derives drafts per prefix: greedy acceptance on an AR engine only."""
+    """The simulation re-derives drafts per prefix: greedy acceptance on an AR engine only.
+
+    Args:
+        decode (DecodeSpec): the decode settings.
+    """
     if not decode.rule.lossless or decode.engine not in AR_ENGINES:
         raise ValueError("typing simulation needs decode.acceptance=greedy on an autoregressive engine (drafts are "
                          "then per-prefix greedy drafts, whatever draft was held); got "
@@ -146,7 +167,11 @@ def check_typing_decode(decode: DecodeSpec) -> None:
 
 
 def typing_inputs(record: dict[str, Any]) -> None:
-    """Refuse a record that lacks what the simulation needs (written without `typing`)."""
+    """Refuse a record that lacks what the simulation needs (written without `typing`).
+
+    Args:
+        record (dict[str, Any]): one request's record from results.jsonl.
+    """
     missing = [k for k in ("draft_token_ids", "stream_token_ids", "prompt_token_ids", "eos_token_ids") if k not in record]
     if missing:
         raise ValueError(f"record {record.get('request_id')} lacks {', '.join(missing)}: it was evaluated without "
@@ -155,12 +180,25 @@ def typing_inputs(record: dict[str, Any]) -> None:
 
 def verify_width(cached: list[int], prompt: list[int], held: list[int]) -> int:
     """Tokens the verify pass feeds (`AREngine.update`): the prompt and held draft past what the
-    cache holds, at least the prompt's last token."""
+    cache holds, at least the prompt's last token.
+
+    Args:
+        cached (list[int]): the tokens the cache holds.
+        prompt (list[int]): the update's prompt ids.
+        held (list[int]): the held draft's tokens.
+    """
     return len(prompt) + len(held) - reused_prefix(cached, prompt, held)
 
 
 def simulate(record: dict[str, Any], typist: Typist, policy: str, decode: DecodeSpec) -> TypedRequest:
-    """Type one recorded request (`typing_inputs`) and replay drafting in simulated time."""
+    """Type one recorded request (`typing_inputs`) and replay drafting in simulated time.
+
+    Args:
+        record (dict[str, Any]): one request's record from results.jsonl.
+        typist (Typist): who types it.
+        policy (str): what an update overrun by the next segment does: `finish` or `abandon`.
+        decode (DecodeSpec): the decode settings the record was computed with (its width-cost table included).
+    """
     typing_inputs(record)
     drafts, prompts = record["draft_token_ids"], record["prompt_token_ids"]
     eos = set(record["eos_token_ids"])
@@ -208,12 +246,23 @@ def simulate(record: dict[str, Any], typist: Typist, policy: str, decode: Decode
 
 
 def valid_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The requests every report column uses (metrics.summarize): both answers non-empty."""
+    """The requests every report column uses (metrics.summarize): both answers non-empty.
+
+    Args:
+        records (list[dict[str, Any]]): the records from results.jsonl.
+    """
     return [r for r in records if r["base_answer"].strip() and r["stream_answer"].strip()]
 
 
 def typing_point(records: list[dict[str, Any]], typist: Typist, policy: str, decode: DecodeSpec) -> dict[str, Any]:
-    """Medians over requests for one typist; per-request rows under 'requests'."""
+    """Medians over requests for one typist; per-request rows under 'requests'.
+
+    Args:
+        records (list[dict[str, Any]]): the records to simulate (`valid_records`).
+        typist (Typist): who types them.
+        policy (str): what an update overrun by the next segment does: `finish` or `abandon`.
+        decode (DecodeSpec): the decode settings the records were computed with.
+    """
     typed = [(r["request_id"], simulate(r, typist, policy, decode)) for r in records]
     updates = sum(t.updates for _, t in typed)
     return {
@@ -230,7 +279,15 @@ def break_even_cpm(records: list[dict[str, Any]], policy: str, decode: DecodeSpe
                    high: float = 51200.0) -> float | None:
     """The slowest typing speed (cpm, within 2%) at which the median streamed time-to-answer
     is no shorter than the median baseline: where the gain disappears. None: a gain
-    remains up to `high` cpm; `low`: gone already at `low`."""
+    remains up to `high` cpm; `low`: gone already at `low`.
+
+    Args:
+        records (list[dict[str, Any]]): the records to simulate (`valid_records`).
+        policy (str): what an update overrun by the next segment does: `finish` or `abandon`.
+        decode (DecodeSpec): the decode settings the records were computed with.
+        low (float): the slowest speed searched, in characters per minute.
+        high (float): the fastest speed searched, in characters per minute.
+    """
     def gone(cpm: float) -> bool:
         point = typing_point(records, cpm_typist(cpm), policy, decode)
         return point["time_to_answer_median"] >= point["baseline_seconds_median"]
@@ -247,7 +304,14 @@ def break_even_cpm(records: list[dict[str, Any]], policy: str, decode: DecodeSpe
 
 def typing_summary(records: list[dict[str, Any]], typist: Typist, policy: str, decode: DecodeSpec) -> dict[str, Any]:
     """The typing report of one benchmark: the configured typist's per-request rows, the
-    curve (`CURVE_CPM` and unlimited), and the speed where the gain disappears."""
+    curve (`CURVE_CPM` and unlimited), and the speed where the gain disappears.
+
+    Args:
+        records (list[dict[str, Any]]): the benchmark's records from results.jsonl.
+        typist (Typist): the configured typist.
+        policy (str): what an update overrun by the next segment does: `finish` or `abandon`.
+        decode (DecodeSpec): the decode settings the records were computed with.
+    """
     check_typing_decode(decode)
     valid = valid_records(records)
     if not valid:
@@ -262,7 +326,13 @@ def typing_summary(records: list[dict[str, Any]], typist: Typist, policy: str, d
 
 
 def check_typing(spec: str, policy: str, decode: DecodeSpec) -> Typist:
-    """Validate the `typing` settings before anything loads; the typist they name."""
+    """Validate the `typing` settings before anything loads; the typist they name.
+
+    Args:
+        spec (str): the `typing` setting: `unlimited`, `cpm:<N>` or a keystroke trace file.
+        policy (str): the `typing_policy` setting.
+        decode (DecodeSpec): the decode settings.
+    """
     if policy not in POLICIES:
         raise ValueError(f"typing_policy must be one of {', '.join(POLICIES)}, not {policy!r}")
     check_typing_decode(decode)

@@ -32,7 +32,12 @@ PAGE = Path(__file__).with_name("live_page") / "index.html"
 def check_listenable(host: str, port: int) -> None:
     """Refuse, before the model loads, an address this process cannot listen on (a port in
     use, a host that is not this machine's). The socket is closed again: uvicorn binds its
-    own, so another program may still take the port in between, which uvicorn then reports."""
+    own, so another program may still take the port in between, which uvicorn then reports.
+
+    Args:
+        host (str): the address to listen on.
+        port (int): the TCP port to listen on.
+    """
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -53,12 +58,22 @@ class LivePage:
         self.outbox: list[dict[str, Any]] = []
 
     def typed(self, text: str) -> None:
+        """Pass the page's text to its typing session, opening one at the first keystroke.
+
+        Args:
+            text (str): the whole text typed so far.
+        """
         if self.session is None:
             self.session = self.served.sessions.open([], self.served.max_tokens)
             self.session.listener = self.drafted
         self.served.sessions.type(self.session, text)
 
     def drafted(self, job: DraftJob) -> None:
+        """Queue a finished draft for the page: the part it keeps of the draft shown, and the part redrafted.
+
+        Args:
+            job (DraftJob): the finished draft.
+        """
         kept = common_prefix_length(self.shown, job.tokens)
         self.shown = job.tokens
         self.outbox.append({"type": "draft", "kept": self.served.decode(job.tokens[:kept]),
@@ -66,6 +81,12 @@ class LivePage:
                             "seconds": time.monotonic() - job.started, "dropped": self.session.dropped if self.session else 0})
 
     async def enter(self, text: str) -> dict[str, Any]:
+        """Submit the session and answer it with its drafts as proposals, then from scratch for comparison;
+        returns the page's answer message.
+
+        Args:
+            text (str): the submitted text.
+        """
         prompt = self.served.encode([{"role": "user", "content": text}])
         session, self.session, self.shown = self.session, None, []
         sources = session.sources() if session else {"held": [], "earlier": []}
@@ -95,7 +116,11 @@ class LivePage:
 
 
 def live_routes(served: Served) -> list:
-    """The page at `/` and its socket at `/ws`."""
+    """The page at `/` and its socket at `/ws`.
+
+    Args:
+        served (Served): what the server serves: the sessions, the tokenizer's encode and decode, the limits.
+    """
 
     async def page(request) -> HTMLResponse:
         return HTMLResponse(PAGE.read_text())
