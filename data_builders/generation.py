@@ -5,7 +5,7 @@ batch exactly as the uninterrupted run did and produces the same tokens. vLLM
 (headstart.vllm_client, its own environment) is used when that environment exists
 and a GPU is present, or when asked for; transformers otherwise. Both take the
 same token ids and their answers are decoded by the same tokenizer, so one cache
-serves both (they agree but for floating-point near-ties: tests/test_vllm_backend.py).
+serves both (they agree but for floating-point near-ties, as the vLLM backend's tests check).
 
 Each answer is cached with whether it ended (`finished`: the model emitted its end
 of turn) or was cut at `max_new_tokens`. A cut answer must not become a training
@@ -44,7 +44,14 @@ def greedy_answers_finished(
     requests: list[str], settings: GenerationSettings, cache: AnswerCache, desc: str
 ) -> list[tuple[str, bool]]:
     """(greedy answer, whether it ended before max_new_tokens) for each request: the base
-    model's answer to a plain user turn, no system message."""
+    model's answer to a plain user turn, no system message.
+
+    Args:
+        requests (list[str]): the user turns, in the order the answers come back.
+        settings (GenerationSettings): the model, its backend, `max_new_tokens` and the batch size.
+        cache (AnswerCache): the answers already generated; new ones are added to it.
+        desc (str): the progress bar's label.
+    """
     tokenizer = _tokenizer(settings.model)
     prompts = [render_prompt(tokenizer, build_messages(r)) for r in requests]
     identity = model_identity(settings.model)
@@ -155,5 +162,10 @@ def _vllm_backend(settings: GenerationSettings, engines: ExitStack, pending: lis
 
 
 def cache_path(work_dir: Path, model: str) -> Path:
-    """The writable cache of one model inside a build's work directory."""
+    """The writable cache of one model inside a build's work directory.
+
+    Args:
+        work_dir (Path): the build's work directory.
+        model (str): the model's hub id or local path.
+    """
     return Path(work_dir) / f"answers-{safe_name(model)}.jsonl"

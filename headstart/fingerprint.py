@@ -18,7 +18,11 @@ _DIGESTS: dict[tuple[str, int, int, int, int], str] = {}
 
 
 def file_sha256(path: str | Path) -> str:
-    """Hex SHA-256 of a file's bytes."""
+    """Hex SHA-256 of a file's bytes.
+
+    Args:
+        path (str | Path): the file hashed.
+    """
     path = Path(path).resolve()
     stat = path.stat()
     key = (str(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
@@ -32,7 +36,11 @@ def file_sha256(path: str | Path) -> str:
 
 
 def files_sha256(named: list[tuple[str, Path]]) -> str:
-    """One digest over (name, content digest) pairs, in the order given."""
+    """One digest over (name, content digest) pairs, in the order given.
+
+    Args:
+        named (list[tuple[str, Path]]): (name, file) pairs; the name, not the file's path, enters the digest.
+    """
     digest = hashlib.sha256()
     for name, path in named:
         digest.update(f"{name}\0{file_sha256(path)}\n".encode())
@@ -40,13 +48,21 @@ def files_sha256(named: list[tuple[str, Path]]) -> str:
 
 
 def tree_sha256(directory: str | Path) -> str:
-    """Digest of every file under `directory` (names relative to it, sorted)."""
+    """Digest of every file under `directory` (names relative to it, sorted).
+
+    Args:
+        directory (str | Path): the folder hashed, with its subfolders.
+    """
     root = Path(directory)
     return files_sha256([(str(p.relative_to(root)), p) for p in sorted(root.rglob("*")) if p.is_file()])
 
 
 def path_sha256(path: str | Path) -> str:
-    """A file's digest, or a directory's (`tree_sha256`); FileNotFoundError when absent."""
+    """A file's digest, or a directory's (`tree_sha256`); FileNotFoundError when absent.
+
+    Args:
+        path (str | Path): a file or a folder.
+    """
     path = Path(path)
     if path.is_dir():
         return tree_sha256(path)

@@ -24,18 +24,31 @@ OUTPUTS = Path("outputs")  # relative: under the working directory
 
 
 def outputs_dir(*parts: str) -> Path:
-    """A default output location: `outputs/<parts...>` under the working directory."""
+    """A default output location: `outputs/<parts...>` under the working directory.
+
+    Args:
+        parts (str): the path's parts under `outputs/`, outermost first.
+    """
     return OUTPUTS.joinpath(*parts)
 
 
 def safe_name(name: str, keep: int = 80) -> str:
     """A model name or path as one file-name part: each run of characters other than letters,
-    digits, `.`, `_` and `-` becomes `_`; the last `keep` characters (where names differ)."""
+    digits, `.`, `_` and `-` becomes `_`; the last `keep` characters (where names differ).
+
+    Args:
+        name (str): a model's hub id or local path.
+        keep (int): the most characters kept, counted from the end.
+    """
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)[-keep:]
 
 
 def is_default_output(path: str) -> bool:
-    """Whether a path names a default output location (`outputs/...`): local, never a hub id."""
+    """Whether a path names a default output location (`outputs/...`): local, never a hub id.
+
+    Args:
+        path (str): a model's path or hub id, as configured.
+    """
     return Path(path).parts[:1] == OUTPUTS.parts
 
 
@@ -44,7 +57,7 @@ def resolve_path(path: str | Path) -> Path:
     package (its `recipes/` and `data/`), else from the folder holding the packages.
 
     Args:
-        path: a file or folder; `data/mbpp/mbpp.jsonl` and `data_builders/embedded/requests.jsonl`
+        path (str | Path): a file or folder; `data/mbpp/mbpp.jsonl` and `data_builders/embedded/requests.jsonl`
             work from any directory. Absolute paths, and paths found nowhere, come back as given.
     """
     candidate = Path(path).expanduser()

@@ -24,7 +24,12 @@ QWEN3_VOCABULARY = {"<|im_end|>": 151645, "</think>": 151668}
 
 
 def token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int | None:
-    """The id of `token`, None when the tokenizer does not have it (cheap: no vocabulary copy)."""
+    """The id of `token`, None when the tokenizer does not have it (cheap: no vocabulary copy).
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase): the tokenizer asked.
+        token (str): the token's text, e.g. `MASK_TOKEN`.
+    """
     found = tokenizer.convert_tokens_to_ids(token)
     if found is None or (found == tokenizer.unk_token_id and token != tokenizer.unk_token):
         return None
@@ -32,6 +37,12 @@ def token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int | None:
 
 
 def is_qwen3_vocabulary(tokenizer: PreTrainedTokenizerBase) -> bool:
+    """Whether the tokenizer has Qwen3's vocabulary (the one ReFusion-8B extends): its end-of-turn
+    and last special token at Qwen3's ids.
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase): the tokenizer checked.
+    """
     return all(token_id(tokenizer, token) == expected for token, expected in QWEN3_VOCABULARY.items())
 
 
@@ -40,7 +51,13 @@ def check_refusion_token_ids(tokenizer: PreTrainedTokenizerBase, source: str | N
     given the tokens), the begin and mask tokens must sit at ReFusion's ids: a model reading
     other ids would see other embedding rows than the ones it was trained with. The
     ReFusion repository's tokenizer must carry both. Other vocabularies (a small model
-    given the tokens) have ids of their own and are not checked."""
+    given the tokens) have ids of their own and are not checked.
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase): the tokenizer checked.
+        source (str | None): the model's hub id or path, named in the errors; one ending in
+            ReFusion's repository must carry both tokens. None: not named, that check skipped.
+    """
     ids = {token: token_id(tokenizer, token) for token in REFUSION_TOKEN_IDS}
     if source and source.rstrip("/").lower().endswith(REFUSION_REPO.lower()) and None in ids.values():
         raise ValueError(f"{source}: the tokenizer lacks {', '.join(t for t, i in ids.items() if i is None)}; "
@@ -57,7 +74,11 @@ def check_refusion_token_ids(tokenizer: PreTrainedTokenizerBase, source: str | N
 
 def mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     """Id of the mask token; a clear error when the tokenizer lacks it, or (Qwen3's
-    vocabulary) holds it at another id than ReFusion-8B's."""
+    vocabulary) holds it at another id than ReFusion-8B's.
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+    """
     found = token_id(tokenizer, MASK_TOKEN)
     if found is None:
         raise ValueError(
@@ -70,7 +91,12 @@ def mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
 
 def add_refusion_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Add the begin and mask tokens where missing and resize the embeddings;
-    returns the ids of the tokens that were added (empty for a ReFusion model)."""
+    returns the ids of the tokens that were added (empty for a ReFusion model).
+
+    Args:
+        model (PreTrainedModel): the causal LM whose embeddings grow to the tokenizer's length.
+        tokenizer (PreTrainedTokenizerBase): its tokenizer, given the tokens in place.
+    """
     missing = [t for t in (BEGIN_TOKEN, MASK_TOKEN) if t not in tokenizer.get_vocab()]
     if missing:
         tokenizer.add_special_tokens({"additional_special_tokens": missing}, replace_extra_special_tokens=False)

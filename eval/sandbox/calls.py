@@ -273,7 +273,13 @@ class TrustedTests:
 
 def run_calls(program: str, job: TrustedTests, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
     """Run `program` in the sandbox as the server of its functions and `job`'s
-    tests in a trusted process; passed iff the tests ran through in time."""
+    tests in a trusted process; passed iff the tests ran through in time.
+
+    Args:
+        program (str): the program's source; the functions the tests call are defined at its top level.
+        job (TrustedTests): the tests, run in the trusted process.
+        limits (SandboxLimits): what the program may use; they also cap the checker's CPU time and memory.
+    """
     request_r, request_w = os.pipe()
     answer_r, answer_w = os.pipe()
     verdict_r, verdict_w = os.pipe()

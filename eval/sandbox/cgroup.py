@@ -64,12 +64,24 @@ class CgroupParent:
                 _rmdir_quietly(path)
 
     def evaluator_dirs(self, pid: int | None = None) -> list[Path]:
+        """An evaluator's directories, one per hierarchy: `<parent>/headstart-sandbox-<pid>`.
+
+        Args:
+            pid (int | None): the evaluator's pid; None: this process's.
+        """
         name = f"{PREFIX}{os.getpid() if pid is None else pid}"
         return [parent / name for parent in self.parents]
 
     def create(self, name: int | str, memory_bytes: int, max_pids: int, owner: int | None = None) -> Cgroup:
         """A fresh leaf `name` (a program's slot, or a trusted checker's name) of
-        evaluator `owner` (us), its limits set."""
+        evaluator `owner` (us), its limits set.
+
+        Args:
+            name (int | str): the leaf's name: a program's slot, or `checker-<n>`.
+            memory_bytes (int): the memory cap, in bytes, of all its processes together.
+            max_pids (int): the most processes (threads included) in it at once.
+            owner (int | None): the evaluator's pid; None: this process's.
+        """
         leaves = []
         for base in self.evaluator_dirs(owner):
             base.mkdir(exist_ok=True)
@@ -114,6 +126,13 @@ class Cgroup:
     leaves: tuple[Path, ...]
 
     def set_limits(self, memory_bytes: int, max_pids: int) -> None:
+        """Cap the memory (swap included) and the number of processes of everything in the cgroup,
+        as far as its hierarchies offer (v1: the memory and, where mounted, the pids controller).
+
+        Args:
+            memory_bytes (int): the memory cap, in bytes, of all its processes together.
+            max_pids (int): the most processes (threads included) in it at once.
+        """
         for leaf in self.leaves:
             if self.version == 2:
                 _write(leaf / "memory.max", str(memory_bytes))
@@ -152,7 +171,11 @@ class Cgroup:
 
 def join(procs_files: list[bytes]) -> None:
     """Move the calling process into the cgroup; runs between fork and exec,
-    so only raw system calls."""
+    so only raw system calls.
+
+    Args:
+        procs_files (list[bytes]): the cgroup's `cgroup.procs` paths (`Cgroup.procs_files`).
+    """
     for path in procs_files:
         fd = os.open(path, os.O_WRONLY)
         try:
@@ -223,7 +246,11 @@ def _procs(leaf: Path) -> list[int]:
 
 
 def alive(pid: int) -> bool:
-    """Whether a process exists (one of another user counts)."""
+    """Whether a process exists (one of another user counts).
+
+    Args:
+        pid (int): the process asked about.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -70,7 +70,12 @@ def _tagged(tag, body):
 
 
 def to_wire(value, depth=0):
-    """A JSON-able form of a value of the types that cross; exact types only."""
+    """A JSON-able form of a value of the types that cross; exact types only.
+
+    Args:
+        value (Any): the value sent, of a type that crosses (on the program's side, as `plain` left it).
+        depth (int): how deep in the outermost value this one sits; at `MAX_DEPTH`, NotPlainData.
+    """
     kind = type(value)
     if value is None or kind is bool or kind is str:
         return value
@@ -145,7 +150,12 @@ def _numpy_to_wire(value, kind, depth):
 
 
 def from_wire(data, depth=0):
-    """The value `data` (decoded JSON) stands for; NotPlainData for anything else."""
+    """The value `data` (decoded JSON) stands for; NotPlainData for anything else.
+
+    Args:
+        data (Any): one value in `to_wire`'s form, as `json.loads` gives it back.
+        depth (int): how deep in the outermost value this one sits; at `MAX_DEPTH`, NotPlainData.
+    """
     kind = type(data)
     if data is None or kind in (bool, int, float, str):
         return data
@@ -265,7 +275,12 @@ class _Iterated:
 
 
 def plain(value, depth=0):
-    """The program's side: an answer as the types that cross (module docstring), else NotPlainData."""
+    """The program's side: an answer as the types that cross (module docstring), else NotPlainData.
+
+    Args:
+        value (Any): what the program's function (or an operation on its object) returned.
+        depth (int): how deep in the outermost value this one sits; at `MAX_DEPTH`, NotPlainData.
+    """
     kind = type(value)
     if kind in _EXACT or kind in _ATOMS:
         return value
@@ -313,4 +328,9 @@ def _plain_subclass(value, kind, depth):
 
 
 def dumps(message):
+    """One message as a line of compact JSON; NaN and infinities are refused (`to_wire` tags them).
+
+    Args:
+        message (dict): a call, an operation or an answer, its values in `to_wire`'s form.
+    """
     return json.dumps(message, allow_nan=False, separators=(",", ":")) + "\n"

@@ -35,7 +35,12 @@ _log = logging.getLogger(__name__)
 
 
 def sandbox_uid(evaluator_pid: int, slot: int) -> int:
-    """The throw-away uid of one running program (root only)."""
+    """The throw-away uid of one running program (root only).
+
+    Args:
+        evaluator_pid (int): the pid of the evaluator that runs the program.
+        slot (int): the program's slot, below `SLOTS`.
+    """
     return SANDBOX_UID_BASE + evaluator_pid * SLOTS + slot
 
 
@@ -59,6 +64,11 @@ class Evaluator:
 
 
 def start_time(pid: int) -> int | None:
+    """A process's start time in clock ticks after boot (`/proc/<pid>/stat`), None when it cannot be read.
+
+    Args:
+        pid (int): the process asked about.
+    """
     try:
         with open(f"/proc/{pid}/stat") as handle:
             return int(handle.read().rsplit(")", 1)[1].split()[19])
@@ -76,13 +86,22 @@ class UidRecords:
             make_private_dir(path, mode)
 
     def issue(self, uid: int, owner: Evaluator) -> None:
-        """Record `uid` as `owner`'s; on disk before the uid runs anything."""
+        """Record `uid` as `owner`'s; on disk before the uid runs anything.
+
+        Args:
+            uid (int): the throw-away uid issued.
+            owner (Evaluator): the evaluator that runs a program under it.
+        """
         partial = self.directory / f".{uid}.{owner.pid}"
         partial.write_text(f"{owner.pid} {owner.start}\n")
         partial.replace(self.directory / str(uid))
 
     def release(self, uid: int) -> None:
-        """Nothing of `uid` runs any more."""
+        """Nothing of `uid` runs any more: forget its record.
+
+        Args:
+            uid (int): the throw-away uid released.
+        """
         try:
             (self.directory / str(uid)).unlink()
         except FileNotFoundError:
@@ -115,7 +134,12 @@ class UidRecords:
 
 def make_private_dir(path: Path, mode: int) -> None:
     """A directory owned by root and writable by root only, made with `mode` if
-    absent: a record another user could write would aim the sweep at any uid."""
+    absent: a record another user could write would aim the sweep at any uid.
+
+    Args:
+        path (Path): the directory.
+        mode (int): its permission bits where it is made (`0o700`, `0o755`).
+    """
     try:
         os.mkdir(path, mode)
         os.chmod(path, mode)  # whatever the umask
@@ -129,7 +153,12 @@ def make_private_dir(path: Path, mode: int) -> None:
 def kill_uid(uid: int, tries: int = 20) -> bool:
     """SIGKILL every live process whose real, effective, saved or fs uid is `uid`
     (read from /proc/<pid>/status: a process that made itself non-dumpable shows
-    root as the owner of its /proc directory). True once none is left."""
+    root as the owner of its /proc directory). True once none is left.
+
+    Args:
+        uid (int): the uid whose processes are killed.
+        tries (int): rounds of kill-then-look, a short pause apart, before giving up.
+    """
     for _ in range(tries):
         victims = [pid for pid, (uids, state) in _processes().items() if uid in uids and state != "Z"]
         if not victims:
@@ -214,7 +243,13 @@ class Host:
 
     def release_slot(self, slot: int, uid: int | None, gone: bool) -> None:
         """Give the slot back once nothing of its program runs (`gone`); a slot
-        whose program may still run is retired, its uid record kept for a sweep."""
+        whose program may still run is retired, its uid record kept for a sweep.
+
+        Args:
+            slot (int): the slot given back.
+            uid (int | None): its throw-away uid (as root); None without one.
+            gone (bool): whether nothing of the slot's program runs any more.
+        """
         if not gone:
             _log.warning("a sandboxed program did not end within its grace time; slot %d is retired", slot)
             return

@@ -36,6 +36,11 @@ LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def until_exit(process: subprocess.Popen) -> Callable[[float], bool]:
+    """A wait for `process` to exit: called with a deadline (`time.monotonic()`), it says whether it did by then.
+
+    Args:
+        process (subprocess.Popen): the process waited for (bwrap).
+    """
     def wait(deadline: float) -> bool:
         try:
             process.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -47,7 +52,12 @@ def until_exit(process: subprocess.Popen) -> Callable[[float], bool]:
 
 def end_sandbox(process: subprocess.Popen, init: Init | None) -> bool:
     """Kill the init (whatever kept it alive: bwrap may exit first), then bwrap;
-    True once the init is gone, and with it every process of the program."""
+    True once the init is gone, and with it every process of the program.
+
+    Args:
+        process (subprocess.Popen): bwrap's process.
+        init (Init | None): the sandbox's init; None: none was made.
+    """
     if init is not None:
         init.kill()
     try:
@@ -61,6 +71,17 @@ def end_sandbox(process: subprocess.Popen, init: Init | None) -> bool:
 
 def bwrap_args(bwrap: str, limits: SandboxLimits, prefix_binds: list[tuple[str, str]], source_fd: int,
                 seccomp_fd: int, info_fd: int) -> list[str]:
+    """bwrap's command line up to `--`: the namespaces, the read-only system directories and
+    interpreter prefixes, the size-capped tmpfs, the program file and the environment.
+
+    Args:
+        bwrap (str): the bwrap executable's path.
+        limits (SandboxLimits): the run's limits; `max_disk_bytes` sizes the two tmpfs.
+        prefix_binds (list[tuple[str, str]]): (source, target) of each interpreter prefix, bound read-only.
+        source_fd (int): the descriptor holding the program's text, its `program.py` inside.
+        seccomp_fd (int): the descriptor holding the seccomp filter (`seccomp_program`).
+        info_fd (int): the descriptor bwrap writes the init's pid to (`--info-fd`).
+    """
     args = [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
             "--unshare-cgroup-try", "--disable-userns", "--die-with-parent", "--new-session", "--info-fd", str(info_fd),
             "--seccomp", str(seccomp_fd)]
@@ -91,7 +112,12 @@ def bwrap_args(bwrap: str, limits: SandboxLimits, prefix_binds: list[tuple[str, 
 
 def nproc_limit(limits: SandboxLimits, own_uid: bool) -> int:
     """RLIMIT_NPROC for inside: a throw-away uid counts only its own processes;
-    the evaluator's own uid does so only where the count is per user namespace."""
+    the evaluator's own uid does so only where the count is per user namespace.
+
+    Args:
+        limits (SandboxLimits): the run's limits (`max_processes`).
+        own_uid (bool): whether the program runs under a throw-away uid of its own.
+    """
     release = tuple(int(part) for part in platform.release().split(".")[:2] if part.isdigit())
     return limits.max_processes if own_uid or release >= (5, 14) else 0
 
@@ -170,7 +196,11 @@ class Init:
 
     def reap(self, timeout: float) -> bool:
         """Wait until the init is gone, and reap it where it is our child now (we
-        are PID 1 or a subreaper): else every program would leave a zombie."""
+        are PID 1 or a subreaper): else every program would leave a zombie.
+
+        Args:
+            timeout (float): how long to wait for the init to exit, in seconds.
+        """
         if self.fd is None:
             return True  # never made, or gone before we could hold it
         if not select.select([self.fd], [], [], timeout)[0]:
@@ -183,6 +213,11 @@ class Init:
 
 
 def parent_pid(pid: int) -> int | None:
+    """The pid of a process's parent (`/proc/<pid>/status`), None when it cannot be read.
+
+    Args:
+        pid (int): the process asked about.
+    """
     try:
         with open(f"/proc/{pid}/status") as handle:
             return next(int(line.split()[1]) for line in handle if line.startswith("PPid:"))
@@ -191,6 +226,11 @@ def parent_pid(pid: int) -> int | None:
 
 
 def kill_group(pid: int) -> None:
+    """SIGKILL every process of a process group; nothing when none is left or it is not ours to signal.
+
+    Args:
+        pid (int): the group's id: its leader's pid.
+    """
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -198,6 +238,11 @@ def kill_group(pid: int) -> None:
 
 
 def close_all(fds: list[int] | tuple[int, ...]) -> None:
+    """Close each descriptor; one that will not close (already closed) is skipped.
+
+    Args:
+        fds (list[int] | tuple[int, ...]): the descriptors.
+    """
     for fd in fds:
         try:
             os.close(fd)
@@ -206,7 +251,11 @@ def close_all(fds: list[int] | tuple[int, ...]) -> None:
 
 
 def normalized(returncode: int) -> int:
-    """bwrap reports a program killed by signal N as exit 128 + N; give it back as -N."""
+    """bwrap reports a program killed by signal N as exit 128 + N; give it back as -N.
+
+    Args:
+        returncode (int): bwrap's exit status.
+    """
     return -(returncode - 128) if 128 < returncode < 128 + signal.NSIG else returncode
 
 
@@ -223,6 +272,12 @@ def status_channel() -> tuple[int, int]:
 
 
 def read_channel(fd: int) -> bytes:
+    """The records the bootstrap wrote on the status channel (`started`, `completed`), read without
+    blocking and no further than the first 4096 bytes and the chunk that crosses them.
+
+    Args:
+        fd (int): our end of the channel (`status_channel`).
+    """
     os.set_blocking(fd, False)
     data = b""
     try:
@@ -242,10 +297,19 @@ _ESCAPED = {code: f"\\x{code:02x}" for code in (*range(0x20), *range(0x7f, 0xa0)
 
 
 def printable(text: str) -> str:
-    """`text` with its control characters escaped, tab and newline kept."""
+    """`text` with its control characters escaped, tab and newline kept.
+
+    Args:
+        text (str): text the program chose (its output, an error message).
+    """
     return text.translate(_ESCAPED)
 
 
 def read_capped(fd: int, limit: int) -> str:
-    """The first `limit` bytes of a program's output, as printable text."""
+    """The first `limit` bytes of a program's output, as printable text.
+
+    Args:
+        fd (int): the descriptor holding the output, read from its start.
+        limit (int): the most bytes read.
+    """
     return printable(os.pread(fd, limit, 0).decode("utf-8", errors="replace"))

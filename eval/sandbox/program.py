@@ -41,7 +41,12 @@ class _Rejected(ValueError):
 
 def run_tests(program: str, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
     """Run `program` (solution + its tests); passed iff it started once, its code
-    returned and it exited 0."""
+    returned and it exited 0.
+
+    Args:
+        program (str): the solution and its tests, one Python source.
+        limits (SandboxLimits): what the run may use.
+    """
     result, records = run_contained(program, limits, BOOTSTRAP)
     result.passed = records == b"started\ncompleted\n" and result.returncode == 0 and result.status != "timeout"
     result.status = "passed" if result.passed else result.status
@@ -51,14 +56,25 @@ def run_tests(program: str, limits: SandboxLimits = SandboxLimits()) -> Executio
 
 
 def run_many(programs: list[str], limits: SandboxLimits = SandboxLimits(), workers: int | None = None) -> list[ExecutionResult]:
-    """`run_tests` over many programs, in parallel across cores, results in order."""
+    """`run_tests` over many programs, in parallel across cores, results in order.
+
+    Args:
+        programs (list[str]): the programs, each as `run_tests` takes it.
+        limits (SandboxLimits): what each run may use.
+        workers (int | None): programs run at once, at most `SLOTS`; None: one per CPU core.
+    """
     workers = min(workers or os.cpu_count() or 1, SLOTS)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(lambda program: run_tests(program, limits), programs))
 
 
 def run_program(source: str, limits: SandboxLimits = SandboxLimits()) -> ExecutionResult:
-    """Execute Python `source` in the sandbox and report how it ended."""
+    """Execute Python `source` in the sandbox and report how it ended.
+
+    Args:
+        source (str): the program's text.
+        limits (SandboxLimits): what the run may use.
+    """
     return run_contained(source, limits, BOOTSTRAP)[0]
 
 
@@ -89,7 +105,12 @@ def _seccomp_filter() -> bytes:
 
 
 def program_bytes(source: str, limits: SandboxLimits) -> bytes:
-    """The program file's bytes, or _Rejected naming why there can be none."""
+    """The program file's bytes, or _Rejected naming why there can be none.
+
+    Args:
+        source (str): the program's text.
+        limits (SandboxLimits): the run's limits; `max_file_bytes` and `max_disk_bytes` cap the file.
+    """
     try:
         data = source.encode("utf-8")
     except UnicodeEncodeError as error:
@@ -111,12 +132,12 @@ def run_contained(source: str, limits: SandboxLimits, bootstrap: str, extra_fds:
     """Run one program; returns how it ended and what its bootstrap reported.
 
     Args:
-        source: the program's text.
-        limits: what the run may use.
-        bootstrap: the trusted code that starts the program (`eval.sandbox.bootstrap`).
-        extra_fds: descriptors passed to the program (owned by this call from now on), their
+        source (str): the program's text.
+        limits (SandboxLimits): what the run may use.
+        bootstrap (str): the trusted code that starts the program (`eval.sandbox.bootstrap`).
+        extra_fds (tuple[int, ...]): descriptors passed to the program (owned by this call from now on), their
             numbers appended to the bootstrap's argv.
-        during: called once the sandbox runs, with the deadline: waits for a companion of the
+        during (Callable[[float], bool] | None): called once the sandbox runs, with the deadline: waits for a companion of the
             program (the trusted side of `run_calls`) and says whether it finished in time; the
             program is ended after it. None: wait for the program itself.
     """

@@ -66,7 +66,12 @@ class UnsupportedMachine(RuntimeError):
 
 
 def seccomp_program(machine: str | None = None) -> bytes:
-    """The filter as bwrap reads it: an array of struct sock_filter."""
+    """The filter as bwrap reads it: an array of struct sock_filter.
+
+    Args:
+        machine (str | None): the machine as `platform.machine()` names it (`x86_64`, `aarch64`,
+            or their aliases `amd64`, `arm64`); None: this machine.
+    """
     machine = machine or platform.machine()
     machine = MACHINE_ALIASES.get(machine, machine)
     if machine not in ABIS:
