@@ -36,11 +36,19 @@ runpy.run_module("data_builders", run_name="__main__")
 """
 
 
+def as_a_terminal_starts() -> None:
+    """SIGINT delivered and handled by default in the build, as a shell starts a command. A test worker
+    may have inherited it ignored or blocked (both survive exec), and the build would then sleep through
+    the signal: run under a parent that ignores SIGINT, this test timed out without this reset."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def interrupted_build(tmp_path: Path, module: str, name: str, args: list[str]) -> subprocess.CompletedProcess:
     """Run the build until `module.name` has returned once, then send it SIGINT."""
     cue = tmp_path / "cue"
     process = subprocess.Popen([sys.executable, "-c", PAUSE_AFTER, str(cue), module, name, *args], cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=as_a_terminal_starts)
     deadline = time.monotonic() + 240
     while not cue.exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
