@@ -138,12 +138,38 @@ def resolve_system_message(setting: str, model_source: str | Path | None = None)
     return setting
 
 
-# SmolLM2-style ChatML, for tokenizers that ship without a chat template.
+# SmolLM2-style ChatML, for tokenizers that ship without a chat template but with ChatML's tokens.
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
     " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+# The markers of the chat formats detect_family recognises. Written out as text in an answer, they
+# show a format the model does not know (eval/evaluation/degenerate.py flags them).
+CHAT_MARKERS = ("<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                "<start_of_turn>", "<end_of_turn>")
+
+
+def chat_template(tokenizer: PreTrainedTokenizerBase) -> str | dict:
+    """The template prompts are rendered with: the tokenizer's own, else ChatML when its vocabulary holds
+    ChatML's markers as tokens. A tokenizer with neither is a base model's: refused, since wrapping its
+    request in a format it never saw makes its answers degenerate without a word.
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+    """
+    if tokenizer.chat_template:
+        return tokenizer.chat_template
+    vocabulary = tokenizer.get_vocab()
+    if all(marker in vocabulary for marker in CHAT_MARKERS[:2]):
+        return CHATML_TEMPLATE
+    raise ValueError(
+        f"{tokenizer.name_or_path or 'the tokenizer'}: no chat template, and no ChatML tokens to fall back on "
+        f"({', '.join(CHAT_MARKERS[:2])}): a base model, which headstart cannot prompt as a chat model. Use an "
+        "instruction-tuned checkpoint, or give the tokenizer a template (tokenizer_config.json's chat_template)"
+    )
 
 
 def detect_family(tokenizer: PreTrainedTokenizerBase) -> Family:
@@ -203,12 +229,11 @@ def render_prompt(
     if family == "gemma3":
         messages = _fold_system_into_first_user_turn(messages)
     extra = {"enable_thinking": False} if family == "qwen3" else {"enable_thinking": True} if family == "refusion" else {}
-    template = tokenizer.chat_template or CHATML_TEMPLATE
     return tokenizer.apply_chat_template(
         messages,
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
-        chat_template=template,
+        chat_template=chat_template(tokenizer),
         **extra,
     )
 

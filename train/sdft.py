@@ -38,7 +38,7 @@ from accelerate import PartialState
 from datasets import Dataset
 
 from headstart.config import error_line
-from headstart.prompts import CHATML_TEMPLATE, Family, detect_family, encode_prompt
+from headstart.prompts import Family, chat_template, detect_family, encode_prompt
 from train.batch import batch_plan
 from train.config import RecipeValueError, TrainRecipe
 from train.data import check_rows
@@ -158,7 +158,7 @@ def chat_template_kwargs(tokenizer, family: Family) -> dict:
         family (Family): the model's prompt family.
     """
     extra = {"enable_thinking": False} if family == "qwen3" else {}
-    return {"chat_template": tokenizer.chat_template or CHATML_TEMPLATE, **extra}
+    return {"chat_template": chat_template(tokenizer), **extra}
 
 
 def sdft_trainer(*, args: SDFTConfig, processing_class, data_collator=None, **kwargs) -> SDFTTrainer:

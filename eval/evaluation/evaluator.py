@@ -27,8 +27,9 @@ from eval.engines.refusion_decoding import RefusionEngine
 from eval.engines.tokens import common_prefix_length
 from eval.engines.width_measure import use_auto_table
 from eval.evaluation.config import EvalConfig
+from eval.evaluation.degenerate import DegenerateCheck
 from headstart.models import LoadedModel, dtype_name
-from headstart.prompts import build_messages, encode_prompt, resolve_system_message
+from headstart.prompts import build_messages, chat_template, encode_prompt, resolve_system_message
 from headstart.refusion import mask_token_id
 from headstart.segment import prefixes
 from headstart.vllm_client import needed_model_len
@@ -49,6 +50,7 @@ class StreamingEvaluator:
             system (str | None | EllipsisType): the system message the run resolved (None: no system turn);
                 `...`: resolved here from `config.system_prompt`.
         """
+        chat_template(loaded.tokenizer)  # a base model's tokenizer is refused here, before any request
         self.loaded = loaded
         self.untimed = untimed
         self.config = config
@@ -61,6 +63,7 @@ class StreamingEvaluator:
             system = resolve_system_message(config.system_prompt, config.adapter or config.model)
         self.system = system
         eos = self.engine.eos_token_ids
+        self.degenerate = DegenerateCheck(loaded.tokenizer, eos, self.decode.max_new_tokens)
         self.drafter = build_drafter(loaded, config, eos, self.needed_model_len(requests)) if self.fast else None
 
     def close(self) -> None:
@@ -205,6 +208,9 @@ class StreamingEvaluator:
             "stream_tokens": len(final.answer),
             "draft_tokens": final.draft_length,
             "accepted_tokens": final.accepted,
+            # What each answer shows of degenerate output (eval/evaluation/degenerate.py): [] for none.
+            "base_degenerate": self.degenerate.reasons(baseline.answer),
+            "stream_degenerate": self.degenerate.reasons(final.answer),
             **identity_fields(baseline, final, drafting),
             "baseline_forwards": baseline.forwards,
             "residual_forwards": final.forwards,

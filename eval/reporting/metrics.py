@@ -18,6 +18,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """
     valid = [r for r in records if is_answered(r)]
     summary: dict[str, Any] = {"requests": len(records), "excluded_empty": len(records) - len(valid), "evaluated": len(valid)}
+    summary |= degenerate_counts(records)
     if not valid:
         return summary
     # Skipped answers (e.g. DS-1000 problems whose library is not installed) were
@@ -63,6 +64,23 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             if values:
                 summary[f"below_{bound:g}x_{name}"] = _mean(v < bound for v in values)
     return summary
+
+
+def degenerate_counts(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Requests whose base or streamed answer is degenerate (a record's `*_degenerate` reasons), over
+    every record, the empty answers too; by reason. Nothing for records written before the check.
+
+    Args:
+        records (list[dict[str, Any]]): one benchmark's per-request records.
+    """
+    if not any("base_degenerate" in r for r in records):
+        return {}
+    counts: dict[str, Any] = {}
+    for side in ("base", "stream"):
+        flagged = [r[f"{side}_degenerate"] for r in records if r.get(f"{side}_degenerate")]
+        counts[f"degenerate_{side}"] = len(flagged)
+        counts[f"degenerate_{side}_reasons"] = dict(sorted(Counter(reason for found in flagged for reason in found).items()))
+    return counts
 
 
 def identity(records: list[dict[str, Any]]) -> dict[str, Any]:

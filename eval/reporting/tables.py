@@ -11,6 +11,8 @@ PHRASES = {"identity": identity_phrase}
 # (header, summary key, format); pass rates and shares are percentages.
 COLUMNS = [
     ("n", "evaluated", "{:g}"),
+    # Requests with a degenerate answer (eval/evaluation/degenerate.py), counted over all requests.
+    ("degenerate base/stream", ("degenerate_base", "degenerate_stream"), "{:g}/{:g}"),
     ("timed", "timed", "{:g}"),  # requests with wall clock (all but in count mode, EvalConfig.timed_every)
     ("quality base", "quality_base", "{:.1%}"),
     ("quality stream", "quality_stream", "{:.1%}"),
@@ -73,6 +75,7 @@ def _cell(summary: dict[str, Any], key, fmt: str) -> str:
 QUALITY_COLUMNS = [
     ("n", "evaluated", "{:g}"),
     ("skipped", "skipped", "{:g}"),
+    ("degenerate base/stream", ("degenerate_base", "degenerate_stream"), "{:g}/{:g}"),
     ("quality base", "quality_base", "{:.1%}"),
     ("quality stream", "quality_stream", "{:.1%}"),
     ("delta", "quality_delta", "{:+.1%}"),
@@ -81,7 +84,7 @@ QUALITY_COLUMNS = [
 ]
 # Summary keys that are counts: the macro row sums them instead of averaging.
 COUNT_KEYS = ("requests", "excluded_empty", "evaluated", "skipped", "quality_evaluated", "timed", "identical_measured",
-              "counted", "drafter_compared")
+              "counted", "drafter_compared", "degenerate_base", "degenerate_stream")
 
 
 def macro_average(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
