@@ -75,12 +75,12 @@ def _cell(summary: dict[str, Any], key, fmt: str) -> str:
 QUALITY_COLUMNS = [
     ("n", "evaluated", "{:g}"),
     ("skipped", "skipped", "{:g}"),
-    ("degenerate base/stream", ("degenerate_base", "degenerate_stream"), "{:g}/{:g}"),
     ("quality base", "quality_base", "{:.1%}"),
     ("quality stream", "quality_stream", "{:.1%}"),
     ("delta", "quality_delta", "{:+.1%}"),
     ("identical answers", "identity", ""),
     ("agreement F1", "agreement_f1", "{:.1%}"),
+    ("degenerate base/stream", ("degenerate_base", "degenerate_stream"), "{:g}/{:g}"),
 ]
 # Summary keys that are counts: the macro row sums them instead of averaging.
 COUNT_KEYS = ("requests", "excluded_empty", "evaluated", "skipped", "quality_evaluated", "timed", "identical_measured",
