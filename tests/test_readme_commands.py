@@ -97,6 +97,7 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "bash scripts/setup_vllm.sh": Allowed("creates the vLLM environment; scripts/setup.sh runs it on every `make test`, "
                                           "and tests/test_vllm_backend.py runs in what it made"),
     "python -m eval recipe=humaneval_smollm2 backend=vllm": RunCheap(CHECK_ONLY),
+    "python -m eval recipe=humaneval_smollm2 limit=40 timed_every=20 output_dir=/tmp/deg/humaneval": RunCheap(CHECK_ONLY),
     "python -m eval recipe=humaneval_smollm2 limit=40 timed_every=40 decode.max_new_tokens=128": RunCheap(CHECK_ONLY),
     "python -m eval recipe=humaneval_smollm2 limit=40 timed_every=40 decode.max_new_tokens=128 backend=vllm "
     "fast_batch_size=256": RunCheap(CHECK_ONLY),
