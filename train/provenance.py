@@ -34,7 +34,7 @@ def model_key(name: str) -> str:
 
     name = name.strip().rstrip("/")
     if name.lower() in EMBEDDED_MODELS:
-        return Path(EMBEDDED_MODELS[name.lower()][1]).stem.lower()
+        return Path(EMBEDDED_MODELS[name.lower()].filename).stem.lower()
     path = Path(name).expanduser()
     return (converted_gguf_stem(path) or path.name.lower().removesuffix(".gguf")).lower()
 
