@@ -118,7 +118,7 @@ def start_server(config: ServeConfig) -> Server:
     from headstart.devices import resolve_device
     from headstart.model_files import check_local_source, is_adapter_dir
     from headstart.models import end_token_ids, load_tokenizer
-    from headstart.prompts import build_messages, detect_family, encode_prompt, resolve_system_message
+    from headstart.prompts import build_messages, chat_template, detect_family, encode_prompt, resolve_system_message
     from headstart.vllm_client import vllm_dtype
 
     device = resolve_device(config.device)
@@ -131,6 +131,7 @@ def start_server(config: ServeConfig) -> Server:
     system = resolve_system_message(config.system_prompt, source)
     model_dir = served_model_dir(config.model, config.adapter)
     tokenizer = load_tokenizer(model_dir if Path(model_dir, "tokenizer_config.json").is_file() else config.model)
+    chat_template(tokenizer, source)  # a base model is refused before the engine starts, not on every request
     family = detect_family(tokenizer)
     try:
         eos = end_token_ids(tokenizer, GenerationConfig.from_pretrained(model_dir))

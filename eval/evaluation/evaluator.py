@@ -50,7 +50,7 @@ class StreamingEvaluator:
             system (str | None | EllipsisType): the system message the run resolved (None: no system turn);
                 `...`: resolved here from `config.system_prompt`.
         """
-        chat_template(loaded.tokenizer, config.model)  # a base model's tokenizer is refused here, before any request
+        chat_template(loaded.tokenizer, config.adapter or config.model)  # a base model is refused here, before any request
         self.loaded = loaded
         self.untimed = untimed
         self.config = config

@@ -68,13 +68,15 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 def degenerate_counts(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Requests whose base or streamed answer is degenerate (a record's `*_degenerate` reasons), over
-    every record, the empty answers too; by reason. Nothing for records written before the check.
+    every record, the empty answers too; by reason. When some records predate the check (a resumed
+    older run), no count, which would be too low: `degenerate_unchecked` says how many.
 
     Args:
         records (list[dict[str, Any]]): one benchmark's per-request records.
     """
-    if not any("base_degenerate" in r for r in records):
-        return {}
+    unchecked = sum("base_degenerate" not in r for r in records)
+    if unchecked:
+        return {"degenerate_unchecked": unchecked}
     counts: dict[str, Any] = {}
     for side in ("base", "stream"):
         flagged = [r[f"{side}_degenerate"] for r in records if r.get(f"{side}_degenerate")]

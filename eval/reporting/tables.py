@@ -84,7 +84,8 @@ QUALITY_COLUMNS = [
 ]
 # Summary keys that are counts: the macro row sums them instead of averaging.
 COUNT_KEYS = ("requests", "excluded_empty", "evaluated", "skipped", "quality_evaluated", "timed", "identical_measured",
-              "counted", "drafter_compared", "degenerate_base", "degenerate_stream")
+              "counted", "drafter_compared", "degenerate_base", "degenerate_stream", "degenerate_unchecked")
+ALL_OR_NONE_KEYS = ("degenerate_base", "degenerate_stream")
 
 
 def macro_average(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -95,6 +96,8 @@ def macro_average(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         summaries (dict[str, dict[str, Any]]): each benchmark's summary.
     """
     keys = {k for s in summaries.values() for k, v in s.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    # A degenerate count is a count over all requests: summed only when every benchmark has one.
+    keys -= {k for k in ALL_OR_NONE_KEYS if any(k not in s for s in summaries.values())}
     macro: dict[str, Any] = {}
     for key in sorted(keys):
         values = [s[key] for s in summaries.values() if isinstance(s.get(key), (int, float))]

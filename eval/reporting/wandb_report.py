@@ -8,7 +8,8 @@ from typing import Any
 
 RECORD_COLUMNS = ("request_id", "n_segments", "base_tokens", "draft_tokens", "accepted_tokens", "baseline_forwards",
                   "residual_forwards", "drafting_forwards", "baseline_seconds", "residual_seconds", "base_score",
-                  "stream_score", "identical", "lookup_baseline_forwards", "lookup_baseline_seconds")
+                  "stream_score", "identical", "lookup_baseline_forwards", "lookup_baseline_seconds", "base_degenerate",
+                  "stream_degenerate")
 
 
 def wandb_mode(project: str | None) -> str:
@@ -52,11 +53,15 @@ def log_side(config, side: str, summaries, records, figures: list[Path], resolve
         for key, value in sides[side].items():
             if isinstance(value, (int, float)):
                 run.summary[f"{benchmark}/{key}"] = value
+            elif key.endswith("_reasons"):  # degenerate answers by reason: one number each
+                for reason, count in value.items():
+                    run.summary[f"{benchmark}/{key}/{reason}"] = count
     for benchmark, sides in (paired or {}).items():
         if side in sides:
             for key, value in paired_numbers(sides[side]).items():
                 run.summary[f"{benchmark}/paired/{key}"] = value
-    rows = [[benchmark] + [r.get(c) for c in RECORD_COLUMNS] for benchmark in records for r in records[benchmark][side]]
+    rows = [[benchmark] + [table_cell(r.get(c)) for c in RECORD_COLUMNS]
+            for benchmark in records for r in records[benchmark][side]]
     run.log({"requests": wandb.Table(columns=["benchmark", *RECORD_COLUMNS], data=rows)})
     run.log({path.stem: wandb.Image(str(path)) for path in figures})
     directory = run.dir
@@ -76,3 +81,12 @@ def paired_numbers(comparison) -> dict[str, Any]:
         numbers |= {f"{name}/change": change.estimate, f"{name}/low": change.low, f"{name}/high": change.high,
                     f"{name}/verdict": change.verdict}
     return numbers
+
+
+def table_cell(value: Any) -> Any:
+    """A record's value as a W&B table cell: a list (a record's degenerate reasons) as one string.
+
+    Args:
+        value (Any): the record's value.
+    """
+    return ", ".join(map(str, value)) if isinstance(value, list) else value
