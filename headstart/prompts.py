@@ -148,8 +148,9 @@ CHATML_TEMPLATE = (
 
 # The markers of the chat formats detect_family recognises. Written out as text in an answer, they
 # show a format the model does not know (eval/evaluation/degenerate.py flags them).
-CHAT_MARKERS = ("<|im_start|>", "<|im_end|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                "<start_of_turn>", "<end_of_turn>")
+CHATML_MARKERS = ("<|im_start|>", "<|im_end|>")
+CHAT_MARKERS = (*CHATML_MARKERS, "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<start_of_turn>",
+                "<end_of_turn>")
 
 
 def chat_template(tokenizer: PreTrainedTokenizerBase, source: str | None = None) -> str:
@@ -164,11 +165,11 @@ def chat_template(tokenizer: PreTrainedTokenizerBase, source: str | None = None)
     if tokenizer.chat_template:
         return tokenizer.get_chat_template()  # a tokenizer with several named templates: its default
     vocabulary = tokenizer.get_vocab()
-    if all(marker in vocabulary for marker in CHAT_MARKERS[:2]):
+    if all(marker in vocabulary for marker in CHATML_MARKERS):
         return CHATML_TEMPLATE
     raise ValueError(
         f"{source or tokenizer.name_or_path or 'the tokenizer'}: no chat template, and no ChatML tokens to fall back on "
-        f"({', '.join(CHAT_MARKERS[:2])}): a base model, which headstart cannot prompt as a chat model. Use an "
+        f"({', '.join(CHATML_MARKERS)}): a base model, which headstart cannot prompt as a chat model. Use an "
         "instruction-tuned checkpoint, or give the tokenizer a template (tokenizer_config.json's chat_template)"
     )
 

@@ -38,3 +38,16 @@ class ModelOnDevice(DeviceSetting, ModelSetting):
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
         check_device(self.device)
+
+
+@dataclass
+class AdaptedModelOnDevice(ModelOnDevice):
+    """A model on a device with a LoRA adapter on it, and the system message setting its prompts get
+    (`python -m eval` and the verifier study: the same two keys, with the same meaning)."""
+
+    adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
+    system_prompt: str = field(
+        default="model",
+        metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, "
+                          "none, or literal text"},
+    )

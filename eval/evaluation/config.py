@@ -11,7 +11,7 @@ from eval.evaluation.shards import parse_shard
 from eval.evaluation.typing_sim import check_typing
 from headstart.config import config_from_dict, config_to_dict
 from headstart.prompts import check_evaluation_system_setting
-from headstart.run_config import ModelOnDevice
+from headstart.run_config import AdaptedModelOnDevice, ModelOnDevice
 from headstart.vllm_settings import VLLMSettings
 
 BACKENDS = ("transformers", "vllm")
@@ -78,10 +78,9 @@ class EvaluationSettings(ModelOnDevice):
 
 
 @dataclass
-class EvalConfig(EvaluationSettings):
+class EvalConfig(EvaluationSettings, AdaptedModelOnDevice):
     """Streaming evaluation of one model on one benchmark."""
 
-    adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
     benchmark: str = field(default="humaneval", metadata={"help": "Benchmark name (see eval.benchmarks.BENCHMARKS)."})
     data_path: str | None = field(
         default=None,
@@ -91,11 +90,6 @@ class EvalConfig(EvaluationSettings):
         default=None,
         metadata={"help": "Evaluate only the first N requests (with n >= 2 segments); null: all; 0: check only (settings, "
                           "data, model source, output_dir), evaluate and write nothing."},
-    )
-    system_prompt: str = field(
-        default="model",
-        metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, "
-                          "none, or literal text"},
     )
     vllm: VLLMSettings = field(
         default_factory=VLLMSettings,
