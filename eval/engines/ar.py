@@ -164,7 +164,7 @@ class AREngine(StreamingEngine):
             branches = proposer.branches(answer, self.max_new_tokens - len(answer) - 1) if proposer else []
             added = self._tree_step(state, answer, TokenTree.from_branches(branches), phase) if len(branches) > 1 \
                 else self._chain_step(state, answer, branches[0] if branches else [], phase)
-            answer = answer + through_first_eos(added, self.eos_token_ids)
+            answer = through_first_eos(answer + added, self.eos_token_ids)  # a stop string may straddle the two
             self.crop(state, prompt_length + len(answer) - 1)
         return answer
 

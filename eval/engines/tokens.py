@@ -3,6 +3,55 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
+
+class AnswerEnd(frozenset):
+    """The ids that end an answer (a set of them: engines ask `token in end`) and, for a model
+    prompted in the completion format, the texts that end it (stop strings, as vLLM's `stop`).
+    An answer ends at its first end token, or at the token whose decoding completes a stop
+    string (kept; the text is cut before the string). The rule reads the answer's tokens only,
+    so the baseline, the stream and the counted path end every answer at the same token."""
+
+    stop_strings: tuple[str, ...]
+    decode: Callable[[list[int]], str] | None
+
+    def __new__(cls, token_ids: Iterable[int], stop_strings: Iterable[str] = (),
+                decode: Callable[[list[int]], str] | None = None) -> AnswerEnd:
+        end = super().__new__(cls, token_ids)
+        end.stop_strings, end.decode = tuple(stop_strings), decode
+        if end.stop_strings and decode is None:
+            raise ValueError("stop strings need the tokenizer's decode")
+        return end
+
+    def __reduce__(self) -> tuple:  # the ids alone travel to other processes (vLLM workers get `stop` apart)
+        return frozenset, (set(self),)
+
+    def stop_length(self, tokens: list[int]) -> int | None:
+        """How many of `tokens` the answer keeps when their text holds a stop string: through the
+        token that completes the earliest one; None when it holds none.
+
+        Args:
+            tokens (list[int]): the answer's token ids.
+        """
+        if not self.stop_strings or not any(stop in self.decode(tokens) for stop in self.stop_strings):
+            return None
+        for length in range(1, len(tokens) + 1):
+            text = self.decode(tokens[:length])
+            if any(stop in text for stop in self.stop_strings):
+                return length
+        return None
+
+    def text(self, tokens: list[int]) -> str:
+        """The answer's text as a user reads it: decoded, cut before its first stop string.
+
+        Args:
+            tokens (list[int]): the answer's token ids.
+        """
+        text = self.decode(tokens) if self.decode else ""
+        cuts = [text.find(stop) for stop in self.stop_strings if stop in text]
+        return text[: min(cuts)] if cuts else text
+
 
 def common_prefix_length(a: list, b: list) -> int:
     """Number of leading items two sequences share.
@@ -32,27 +81,35 @@ def reused_prefix(cached_ids: list[int], prompt_ids: list[int], draft: list[int]
 
 
 def through_first_eos(tokens: list[int], eos_token_ids: set[int]) -> list[int]:
-    """`tokens` up to and including the first EOS (all of them when there is none).
+    """`tokens` up to and including the first EOS (all of them when there is none); with an
+    `AnswerEnd`'s stop strings, up to the first end of either kind (`tokens` read from the answer's start).
 
     Args:
         tokens (list[int]): the token ids.
-        eos_token_ids (set[int]): the ids that end an answer.
+        eos_token_ids (set[int]): the ids that end an answer (an `AnswerEnd` for stop strings too).
     """
     for position, token in enumerate(tokens):
         if token in eos_token_ids:
-            return tokens[: position + 1]
-    return tokens
+            tokens = tokens[: position + 1]
+            break
+    stop = eos_token_ids.stop_length(tokens) if isinstance(eos_token_ids, AnswerEnd) else None
+    return tokens[:stop] if stop is not None else tokens
 
 
 def answer_finished(answer: list[int], eos_token_ids: set[int], max_new_tokens: int) -> bool:
-    """Decoding stops at the first EOS (kept) or at the token budget.
+    """Decoding stops at the first EOS (kept), at the token budget, or (an `AnswerEnd` with stop
+    strings) once the answer's text holds a stop string.
 
     Args:
         answer (list[int]): the answer's token ids.
-        eos_token_ids (set[int]): the ids that end an answer.
+        eos_token_ids (set[int]): the ids that end an answer (an `AnswerEnd` for stop strings too).
         max_new_tokens (int): the most tokens an answer may have.
     """
-    return bool(answer) and (answer[-1] in eos_token_ids or len(answer) >= max_new_tokens)
+    if not answer:
+        return False
+    if answer[-1] in eos_token_ids or len(answer) >= max_new_tokens:
+        return True
+    return isinstance(eos_token_ids, AnswerEnd) and eos_token_ids.stop_length(answer) is not None
 
 
 def leading_run(passes: list[bool]) -> int:

@@ -10,6 +10,7 @@ with the functions the transformers path uses, so both backends count alike.
 from __future__ import annotations
 
 from eval.engines.acceptance import AcceptanceRule
+from eval.engines.tokens import through_first_eos
 from headstart.vllm_client import VLLMEngines, vllm_dtype, vllm_model
 from headstart.vllm_settings import VLLMSettings
 
@@ -40,14 +41,16 @@ class VLLMDrafter:
         return cls(engines, eos_token_ids)
 
     def greedy(self, prompts: list[list[int]], max_new_tokens: int | list[int]) -> list[list[int]]:
-        """Greedy answers from the vLLM engines, each ending at its first EOS (kept) or its budget.
+        """Greedy answers from the vLLM engines, each ending at its first end (kept) or its budget.
 
         Args:
             prompts (list[list[int]]): the prompts' token ids.
             max_new_tokens (int | list[int]): the most tokens an answer may have: one for all prompts, or one per
                 prompt.
         """
-        return self.engines.generate(prompts, max_new_tokens, self.eos_token_ids)
+        answers = self.engines.generate(prompts, max_new_tokens, self.eos_token_ids)
+        # vLLM's stop strings only end decoding early: the answers end where the one end rule says.
+        return [through_first_eos(answer, self.eos_token_ids) for answer in answers]
 
     def accepted_lengths(self, prompts: list[list[int]], drafts: list[list[int]], rule: AcceptanceRule) -> list[int]:
         """Accepted length of each draft after its prompt, from vLLM's prompt log-probabilities.

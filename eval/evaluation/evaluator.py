@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import sys
+from functools import partial
 from types import EllipsisType
 from typing import Any
 
 from tqdm import tqdm
 
-from eval.benchmarks import Request
+from eval.benchmarks import BENCHMARKS, Request
 from eval.engines.ar import AREngine
 from eval.engines.base import StreamingEngine, UpdateResult
 from eval.engines.bidirectional import BidirectionalEngine
@@ -24,12 +25,13 @@ from eval.engines.fast_path import (
     round_drafts,
 )
 from eval.engines.refusion_decoding import RefusionEngine
-from eval.engines.tokens import common_prefix_length
+from eval.engines.tokens import AnswerEnd, common_prefix_length
 from eval.engines.width_measure import use_auto_table
 from eval.evaluation.config import EvalConfig
 from eval.evaluation.degenerate import DegenerateCheck
-from headstart.models import LoadedModel, dtype_name
-from headstart.prompts import build_messages, chat_template, encode_prompt, resolve_system_message
+from headstart.completion import CompletionFrame
+from headstart.models import LoadedModel, dtype_name, resolve_prompt_format
+from headstart.prompts import Family, build_messages, encode_prompt, prompt_family, resolve_system_message
 from headstart.refusion import mask_token_id
 from headstart.segment import prefixes
 from headstart.vllm_client import needed_model_len
@@ -50,7 +52,11 @@ class StreamingEvaluator:
             system (str | None | EllipsisType): the system message the run resolved (None: no system turn);
                 `...`: resolved here from `config.system_prompt`.
         """
-        chat_template(loaded.tokenizer, config.adapter or config.model)  # a base model is refused here, before any request
+        prompt_format = resolve_prompt_format(config.prompt_format, config.model, config.adapter)
+        # A base model asked for chat is refused here, before any request; never wrapped in a format it never saw.
+        self.family = prompt_family(loaded.tokenizer, prompt_format, config.adapter or config.model)
+        self.frame = BENCHMARKS[config.benchmark].completion
+        check_completion_format(self.family, config)
         self.loaded = loaded
         self.untimed = untimed
         self.config = config
@@ -58,7 +64,8 @@ class StreamingEvaluator:
         use_auto_table(self.decode, config.model, loaded.model)
         # The fast path batches AR drafting across requests: AR decoding only.
         self.fast = self.decode.fast
-        self.engine = build_engine(loaded, self.decode)
+        self.end = answer_end(loaded, self.family, self.frame)
+        self.engine = build_engine(loaded, self.decode, self.end)
         if system is ...:
             system = resolve_system_message(config.system_prompt, config.adapter or config.model)
         self.system = system
@@ -77,9 +84,9 @@ class StreamingEvaluator:
         Args:
             request (Request): the request.
         """
-        tokenizer, family = self.loaded.tokenizer, self.loaded.family
         return [
-            encode_prompt(tokenizer, build_messages(known, request.history, self.system), family)
+            encode_prompt(self.loaded.tokenizer, build_messages(known, request.history, self.system), self.family,
+                          self.frame)
             for known in prefixes(request.segments)
         ]
 
@@ -195,9 +202,7 @@ class StreamingEvaluator:
 
     def _record(self, request: Request, baseline: UpdateResult, lookup: UpdateResult | None,
                 final: UpdateResult, drafting: Drafting) -> dict[str, Any]:
-        decode = self.loaded.tokenizer.decode
-        base_answer = decode(baseline.answer, skip_special_tokens=True)
-        stream_answer = decode(final.answer, skip_special_tokens=True)
+        base_answer, stream_answer = self.end.text(baseline.answer), self.end.text(final.answer)
         record = {
             "request_id": request.request_id,
             "segments": request.segments,
@@ -292,15 +297,43 @@ def build_drafter(loaded: LoadedModel, config: EvalConfig, eos: set[int], needed
     return TransformersDrafter(loaded.model, loaded.tokenizer.pad_token_id, eos, config.fast_batch_size)
 
 
-def build_engine(loaded: LoadedModel, decode: DecodeSpec) -> StreamingEngine:
+def answer_end(loaded: LoadedModel, family: Family, frame: CompletionFrame) -> AnswerEnd:
+    """What ends an answer: the model's end tokens, and in the completion format the frame's stop strings.
+
+    Args:
+        loaded (LoadedModel): the loaded model and tokenizer.
+        family (Family): the prompt format's family.
+        frame (CompletionFrame): the benchmark's completion frame.
+    """
+    stop = frame.stop if family == "completion" else ()
+    return AnswerEnd(loaded.eos_token_ids, stop, partial(loaded.tokenizer.decode, skip_special_tokens=True))
+
+
+def check_completion_format(family: Family, config: EvalConfig) -> None:
+    """The completion format's stop strings are applied by the autoregressive engines, untimed typing aside.
+
+    Args:
+        family (Family): the prompt format's family.
+        config (EvalConfig): the run's settings.
+    """
+    if family != "completion":
+        return
+    if config.decode.engine not in AR_ENGINES:
+        raise ValueError(f"prompt_format=completion needs an autoregressive engine, not decode.engine={config.decode.engine}")
+    if config.typing is not None:
+        raise ValueError("typing simulation re-derives answers without stop strings: not with prompt_format=completion")
+
+
+def build_engine(loaded: LoadedModel, decode: DecodeSpec, end: AnswerEnd | None = None) -> StreamingEngine:
     """The decoder `decode.engine` names; the diffusion decoders need the mask token
     (a clear error from `mask_token_id` when the model lacks it).
 
     Args:
         loaded (LoadedModel): the loaded model and tokenizer.
         decode (DecodeSpec): the decode settings.
+        end (AnswerEnd | None): what ends an answer; None: the model's end tokens.
     """
-    eos = loaded.eos_token_ids
+    eos = end if end is not None else loaded.eos_token_ids
     if decode.engine == "refusion":
         return RefusionEngine(loaded.model, mask_token_id(loaded.tokenizer), eos, decode)
     if decode.engine == "bidirectional":
