@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from data_builders.decontamination import DecontaminationIndex, normalise, stable_hash
-from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, build_messages, render_prompt
+from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, Family, build_messages, render_prompt
 from headstart.segment import segment_request
 
 # Bump when analyse_batch's columns change, the segmentation included (4: fenced
@@ -39,7 +39,7 @@ def analyse_batch(
     batch: dict[str, list[Any]],
     index: DecontaminationIndex,
     tokenizer: Any | None,
-    chat: bool,
+    family: Family | None,
 ) -> dict[str, list[Any]]:
     """Per request: segment ends, normalised-text hash, contamination code, token counts.
 
@@ -47,7 +47,7 @@ def analyse_batch(
         batch (dict[str, list[Any]]): a batch of collected requests, by column.
         index (DecontaminationIndex): the benchmark index that finds contaminated requests.
         tokenizer (Any | None): the tokenizer that counts tokens, or None to count none.
-        chat (bool): whether the model reads a templated chat prompt (AR) rather than the bare query (ReFusion).
+        family (Family | None): the prompt format the model reads (AR), or None for the bare query (ReFusion).
     """
     requests, references = batch["request"], batch["reference"]
     cuts = [cut_offsets(r, s) for r, s in zip(requests, batch["segments"])]
@@ -61,22 +61,23 @@ def analyse_batch(
         "has_reference": [bool(r and r.strip()) for r in references],
     }
     if tokenizer is not None:
-        out["request_tokens"] = prompt_lengths(tokenizer, requests, chat)
+        out["request_tokens"] = prompt_lengths(tokenizer, requests, family)
         out["reference_tokens"] = text_lengths(tokenizer, [r or "" for r in references])
     return out
 
 
-def prompt_lengths(tokenizer: Any, queries: list[str], chat: bool) -> list[int]:
-    """Tokens of what the model reads: the templated chat prompt (AR) or the bare query.
+def prompt_lengths(tokenizer: Any, queries: list[str], family: Family | None) -> list[int]:
+    """Tokens of what the model reads: the rendered prompt (AR: a chat template, or a base model's
+    completion format) or the bare query.
 
     Args:
         tokenizer (Any): the tokenizer that counts tokens.
         queries (list[str]): the queries the model reads.
-        chat (bool): whether the model reads a templated chat prompt (AR) rather than the bare query (ReFusion).
+        family (Family | None): the prompt format the model reads (AR), or None for the bare query (ReFusion).
     """
-    if chat:
+    if family:
         queries = [
-            render_prompt(tokenizer, build_messages(q, system=INCOMPLETE_REQUEST_SYSTEM)) for q in queries
+            render_prompt(tokenizer, build_messages(q, system=INCOMPLETE_REQUEST_SYSTEM), family) for q in queries
         ]
     return text_lengths(tokenizer, queries)
 

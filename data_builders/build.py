@@ -42,7 +42,9 @@ from headstart.benchmark_registry import MBPP_SPLIT_IDS
 from headstart.config import RecipeError
 from headstart.device_names import check_device
 from headstart.devices import default_device, resolve_device
+from headstart.models import resolve_prompt_format
 from headstart.paths import outputs_dir, resolve_path
+from headstart.prompts import Family, prompt_family
 from headstart.run_dir import check_writable
 from headstart.vllm_client import vllm_unavailable
 
@@ -220,15 +222,23 @@ def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _prompt_family(config: BuildConfig, tokenizer) -> Family | None:
+    """The prompt format an AR model reads its requests in (its token counts); None for ReFusion rows (the bare query)."""
+    if config.format != "ar" or tokenizer is None:
+        return None
+    return prompt_family(tokenizer, resolve_prompt_format(config.generation.prompt_format, config.model), config.model)
+
+
 def _analyse(requests: Dataset, config: BuildConfig, work: Path, index: DecontaminationIndex, tokenizer) -> Dataset:
     index_id = [len(index.exact), len(index.ngrams), sum(index.exact) % (1 << 61),
                 int(index.ngrams.sum(dtype=np.uint64)), index.n]
-    key = _key("analyse", ANALYSIS_VERSION, collect_key(config), index_id, tokenizer_name(config), config.format)
+    family = _prompt_family(config, tokenizer)
+    key = _key("analyse", ANALYSIS_VERSION, collect_key(config), index_id, tokenizer_name(config), config.format, family)
     return requests.map(
         analyse_batch,
         batched=True,
         num_proc=_procs(config, len(requests)),
-        fn_kwargs={"index": index, "tokenizer": tokenizer, "chat": config.format == "ar"},
+        fn_kwargs={"index": index, "tokenizer": tokenizer, "family": family},
         new_fingerprint=key,
         cache_file_name=str(work / f"analysed-{key}.arrow"),
         desc="segment, hash, decontaminate",
@@ -267,6 +277,7 @@ def _expand(analysed, chosen, selection, answers, drafts, config, tokenizer, wor
             "answer_kind": config.answers,
             "answer_model": config.model if config.answers == "self" else None,
             "tokenizer": tokenizer,
+            "family": _prompt_family(config, tokenizer),
         },
         new_fingerprint=_key("expand", split, config.seed, len(chosen)),
         cache_file_name=str(work / f"pairs-{split}.arrow"),

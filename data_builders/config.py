@@ -84,6 +84,11 @@ class GenerationConfig(DeviceSetting):
                           "schedules its own batches)."},
     )
     max_new_tokens: int = field(default=512, metadata={"help": "Longest generated answer or draft."})
+    prompt_format: str = field(
+        default="auto",
+        metadata={"help": "auto, chat or completion (headstart.prompts.PROMPT_FORMATS): a base model answers a "
+                          "User/Assistant transcript, its answer ending at the next `User:` line."},
+    )
     cache_files: list[str] = field(
         default_factory=list,
         metadata={"help": "Read-only answer caches consulted before generating."},

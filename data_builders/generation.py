@@ -25,10 +25,11 @@ from tqdm import tqdm
 
 from data_builders.answer_cache import AnswerCache, answer_key, model_identity
 from data_builders.config import GenerationConfig
+from headstart.completion import TRANSCRIPT, cut_at_stop
 from headstart.devices import default_device
-from headstart.models import end_token_ids
+from headstart.models import end_token_ids, resolve_prompt_format
 from headstart.paths import safe_name
-from headstart.prompts import build_messages, render_prompt
+from headstart.prompts import build_messages, prompt_family, render_prompt
 from headstart.run_config import ModelSetting
 from headstart.vllm_client import VLLMEngines, needed_model_len, vllm_dtype, vllm_model, vllm_unavailable
 
@@ -53,7 +54,9 @@ def greedy_answers_finished(
         desc (str): the progress bar's label.
     """
     tokenizer = _tokenizer(settings.model)
-    prompts = [render_prompt(tokenizer, build_messages(r)) for r in requests]
+    family = prompt_family(tokenizer, resolve_prompt_format(settings.prompt_format, settings.model), settings.model)
+    stop = TRANSCRIPT.stop if family == "completion" else ()  # a base model's answer ends where its next turn would begin
+    prompts = [render_prompt(tokenizer, build_messages(r), family) for r in requests]
     identity = model_identity(settings.model)
     keys = [answer_key(identity, p, settings.max_new_tokens) for p in prompts]
     unique = sorted(dict(zip(keys, prompts)).items(), key=lambda kv: (len(kv[1]), kv[0]))
@@ -65,11 +68,23 @@ def greedy_answers_finished(
                 continue
             if generate is None:  # what is left to generate bounds the prompts vLLM reserves cache for
                 pending = [prompt for later in batches if not all(key in cache for key, _ in later) for _, prompt in later]
-                generate = _backend(settings, engines, pending)
-            outputs = generate([prompt for _, prompt in batch])
+                generate = _backend(settings, engines, pending, stop)
+            outputs = [answer_at_stop(answer, done, stop) for answer, done in generate([prompt for _, prompt in batch])]
             cache.add([{"key": k, "model": settings.model, "answer": a, "finished": done}
                        for (k, _), (a, done) in zip(batch, outputs)])
     return [(cache.get(key), _finished(cache, key, tokenizer, settings.max_new_tokens)) for key in keys]
+
+
+def answer_at_stop(answer: str, finished: bool, stop: tuple[str, ...]) -> tuple[str, bool]:
+    """An answer cut before its first stop string, which ends it as an end token does.
+
+    Args:
+        answer (str): the decoded answer.
+        finished (bool): whether it ended with an end token.
+        stop (tuple[str, ...]): the stop strings (none: the answer as it is).
+    """
+    text, stopped = cut_at_stop(answer, stop)
+    return (text.strip(), True) if stopped else (answer, finished)
 
 
 def _finished(cache: AnswerCache, key: str, tokenizer, max_new_tokens: int) -> bool:
@@ -93,7 +108,7 @@ def _tokenizer(model: str):
     return _TOKENIZERS[model]
 
 
-def _backend(settings: GenerationSettings, engines: ExitStack, pending: list[str]) -> Generate:
+def _backend(settings: GenerationSettings, engines: ExitStack, pending: list[str], stop: tuple[str, ...]) -> Generate:
     backend = settings.backend
     if backend == "auto":
         on_gpu = torch.cuda.is_available()  # auto: vLLM where it pays, a GPU with a GPU build of vLLM
@@ -101,11 +116,11 @@ def _backend(settings: GenerationSettings, engines: ExitStack, pending: list[str
     if backend == "vllm":
         return _vllm_backend(settings, engines, pending)
     if backend == "transformers":
-        return _transformers_backend(settings)
+        return _transformers_backend(settings, stop)
     raise ValueError(f"generation.backend must be auto, transformers or vllm, not {backend!r}")
 
 
-def _transformers_backend(settings: GenerationSettings) -> Generate:
+def _transformers_backend(settings: GenerationSettings, stop: tuple[str, ...] = ()) -> Generate:
     from headstart.models import load_model
 
     loaded = load_model(settings.model, device=settings.device)
@@ -122,6 +137,7 @@ def _transformers_backend(settings: GenerationSettings) -> Generate:
             do_sample=False,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=sorted(eos),  # stop where the vLLM path stops: any end token of the tokenizer or config
+            **({"stop_strings": list(stop), "tokenizer": tokenizer} if stop else {}),  # an early exit; the cut is the caller's
         )
         new_tokens = output[:, batch["input_ids"].shape[1] :]
         # A row ended when it holds an end token; all rows end early when the batch is shorter than the cap.

@@ -17,7 +17,7 @@ import numpy as np
 
 from data_builders.analyse import prompt_lengths, text_lengths
 from data_builders.select import Selection
-from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
+from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, Family
 
 PROVENANCE = ["source", "source_id", "prefix_index", "num_segments", "answer_kind", "answer_model", "full_request"]
 STAT_COLUMNS = ["_prompt_tokens", "_answer_tokens", "_draft_tokens"]
@@ -34,6 +34,7 @@ def expand_batch(
     answer_kind: str,
     tokenizer: Any | None,
     answer_model: str | None = None,
+    family: Family | None = None,
 ) -> dict[str, list[Any]]:
     """Rows for one batch of chosen requests; `indices` are positions in `rows`.
 
@@ -52,6 +53,7 @@ def expand_batch(
         answer_kind (str): what wrote the answers, recorded in each row.
         tokenizer (Any | None): the tokenizer that counts prompt tokens, or None to count none.
         answer_model (str | None): the model that wrote the answers, or None for the corpus's own.
+        family (Family | None): the prompt format an AR model reads (token counts of its prompts).
     """
     out: dict[str, list[Any]] = {k: [] for k in PROVENANCE}
     queries, responses, draft_texts = [], [], []
@@ -80,7 +82,7 @@ def expand_batch(
         if drafts is not None:
             out["draft"] = draft_texts
     if tokenizer is not None:
-        out["_prompt_tokens"] = prompt_lengths(tokenizer, queries, chat=fmt == "ar")
+        out["_prompt_tokens"] = prompt_lengths(tokenizer, queries, family if fmt == "ar" else None)
         out["_answer_tokens"] = text_lengths(tokenizer, responses)
         if drafts is not None:
             out["_draft_tokens"] = text_lengths(tokenizer, draft_texts)

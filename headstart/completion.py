@@ -41,6 +41,17 @@ PROGRAM_STOPS = ("\nif __name__", "\nprint(", "\nassert ", "\n```")
 FUNCTION_STOPS = ("\ndef ", "\nclass ", *PROGRAM_STOPS)
 
 
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
+    """`text` cut before its first stop string, and whether one was found.
+
+    Args:
+        text (str): an answer's text.
+        stop (tuple[str, ...]): the stop strings.
+    """
+    cuts = [text.find(string) for string in stop if string in text]
+    return (text[: min(cuts)], True) if cuts else (text, False)
+
+
 def render_completion(messages: list[dict[str, str]], frame: CompletionFrame, bos: str | None = None) -> str:
     """The completion-format text of a dialogue: BOS, the system message as a first paragraph,
     earlier turns as a transcript, then the final user turn in `frame`.

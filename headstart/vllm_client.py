@@ -147,12 +147,11 @@ class VLLMEngines:
             prompts (list[list[int]]): the prompts' token ids.
             max_new_tokens (int | list[int]): the most tokens an answer may have: one for all prompts, or one per
                 prompt.
-            stop_token_ids (set[int]): the ids that end an answer (an AnswerEnd: its stop strings too).
+            stop_token_ids (set[int]): the ids that end an answer.
         """
         budgets = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
-        stop_strings = list(getattr(stop_token_ids, "stop_strings", ()))  # an AnswerEnd's (eval.engines.tokens)
         return self._split("generate", "answers", {"prompts": prompts, "max_tokens": budgets},
-                           {"stop_token_ids": sorted(stop_token_ids), "stop": stop_strings})
+                           {"stop_token_ids": sorted(stop_token_ids)})
 
     def token_scores(self, prompts: list[list[int]], starts: list[int]) -> list[list[tuple[float, int]]]:
         """For each prompt, (log-probability, rank) of every token from index `starts[i]` on, given

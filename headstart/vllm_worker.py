@@ -85,16 +85,13 @@ class Worker:
 
         Args:
             message (dict): the request: "prompts" (token ids), "max_tokens" (one budget per prompt), "stop_token_ids",
-                "stop" (stop strings, may be absent) and "lora" (name and path) or None.
+                and "lora" (name and path) or None.
         """
         from vllm import SamplingParams
 
         stops = list(message.get("stop_token_ids") or [])
-        # Stop strings (a base model's completion format) need the text; the caller still cuts the ids itself.
-        texts = {"stop": list(message["stop"]), "include_stop_str_in_output": True} if message.get("stop") else {}
         params = [
-            SamplingParams(temperature=0.0, max_tokens=budget, stop_token_ids=stops, ignore_eos=True,
-                           detokenize=bool(texts), **texts)
+            SamplingParams(temperature=0.0, max_tokens=budget, stop_token_ids=stops, ignore_eos=True, detokenize=False)
             for budget in message["max_tokens"]
         ]
         outputs = self._run(message, params)

@@ -68,6 +68,8 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m eval model=Qwen/Qwen3-8B benchmark=humaneval decode.acceptance=greedy system_prompt=incomplete":
         Checked(),
     "python -m eval model=outputs/train/qwen3_prefix/adapter benchmark=humaneval": Checked(),
+    "python -m eval model=gemma3-270m benchmark=humaneval limit=3": Elsewhere(
+        "tests/test_embedded_gemma.py::test_it_loads_as_a_sliding_window_gemma3_and_streams_in_the_completion_format"),
     "python benchmarks/bench_faster_answers.py --limit 40 --threads 2 --benchmarks humaneval": HelpHas(),
     "python benchmarks/bench_faster_answers.py --limit 40 --threads 1 --benchmarks mbpp": HelpHas(),
     "python benchmarks/bench_lookup_policy.py --limit 40 --threads 2 --drafts-from "

@@ -33,6 +33,11 @@ class ModelSection:
     )
     dtype: str = field(default="auto", metadata={"help": "weights dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16"})
     attn_implementation: str = field(default="sdpa", metadata={"help": "attention kernel passed to from_pretrained"})
+    prompt_format: str = field(
+        default="auto",
+        metadata={"help": "how rows become text (headstart.prompts.PROMPT_FORMATS): auto, chat, or completion (a base "
+                          "model: a User/Assistant transcript, the answer then EOS)"},
+    )
 
 
 @dataclass

@@ -20,7 +20,7 @@ from packaging.version import Version
 
 from headstart.config import load_config
 from headstart.devices import gpu_requests
-from headstart.prompts import canonical_system_setting
+from headstart.prompts import canonical_system_setting, check_prompt_format
 from train.config import DIVERGENCES, OBJECTIVES, SDFT_MODES, TRACKERS, RecipeValueError, SdftSection, TrainRecipe
 from train.sft_config import check_training_section
 
@@ -89,6 +89,10 @@ def validate(recipe: TrainRecipe) -> TrainRecipe:
         recipe.data.system_message = canonical_system_setting(recipe.data.system_message)
     except ValueError as error:
         raise RecipeValueError(f"data.system_message: {error}") from error
+    try:
+        check_prompt_format(recipe.model.prompt_format)
+    except ValueError as error:
+        raise RecipeValueError(f"model.prompt_format: {error}") from error
     validate_refusion(recipe)
     validate_distill(recipe)
     validate_sdft(recipe)

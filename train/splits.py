@@ -5,7 +5,8 @@ from __future__ import annotations
 from accelerate import PartialState
 from datasets import Dataset
 
-from headstart.prompts import Family, detect_family
+from headstart.models import resolve_prompt_format
+from headstart.prompts import Family, prompt_family
 from train.config import TrainRecipe
 from train.data import load_split
 from train.provenance import answer_models, check_answer_models
@@ -14,15 +15,20 @@ from train.tokenization import check_fits, tokenize_dataset, trained_system_reco
 
 
 def training_family(tokenizer, recipe: TrainRecipe) -> Family:
-    """The chat rendering of the training rows: the tokenizer's, and ReFusion's for a Qwen3 base
-    trained with `objective: refusion` (its tokens are added only after the data is tokenized; the
-    adapter's tokenizer has them, so evaluation renders it as ReFusion).
+    """The rendering of the training rows: the completion format (`model.prompt_format`, a base model's),
+    else the tokenizer's chat format, and ReFusion's for a Qwen3 base trained with `objective: refusion`
+    (its tokens are added only after the data is tokenized; the adapter's tokenizer has them, so
+    evaluation renders it as ReFusion).
 
     Args:
         tokenizer (PreTrainedTokenizerBase): the base model's tokenizer.
         recipe (TrainRecipe): the validated recipe.
     """
-    family = detect_family(tokenizer)
+    source = recipe.model.name_or_path
+    family = prompt_family(tokenizer, resolve_prompt_format(recipe.model.prompt_format, source), source)
+    if family == "completion" and recipe.objective in ("refusion", "sdft"):
+        raise ValueError(f"objective {recipe.objective} trains chat models; {source} is prompted as a base model "
+                         "(prompt_format=completion): use objective sft or distill")
     return "refusion" if recipe.objective == "refusion" and family == "qwen3" else family
 
 
@@ -54,7 +60,7 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState,
                                                     data.answers_from_other_model)
         if data.max_train_samples:
             train = train.select(range(min(data.max_train_samples, len(train))))
-        record = {**trained_system_record(system, train),
+        record = {**trained_system_record(system, train), "prompt_format": "completion" if family == "completion" else "chat",
                   "answer_models": None if sdft else sorted(answer_models(train, data.path) or []) or None}
         train = prepare(train, data.train_split)
         if not sdft:

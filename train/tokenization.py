@@ -85,7 +85,8 @@ def split_prompt_answer(
 ) -> tuple[str, str]:
     """(prompt text up to the answer, answer text with its end-of-turn markers). ReFusion's
     answer is its text and the EOS token, as upstream trains it (ML-GSAI/ReFusion train.py:
-    the generation prompt, then the encoded response and eos_token_id).
+    the generation prompt, then the encoded response and eos_token_id); so is a base model's in
+    the completion format (headstart.completion.TRANSCRIPT).
 
     Args:
         tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
@@ -97,6 +98,8 @@ def split_prompt_answer(
     prompt = render_prompt(tokenizer, messages[:-1], family, add_generation_prompt=True)
     if family == "refusion":
         return prompt, messages[-1]["content"] + tokenizer.eos_token
+    if family == "completion":  # the transcript's "Assistant:", then the answer and the model's EOS
+        return prompt, " " + messages[-1]["content"] + tokenizer.eos_token
     full = render_prompt(tokenizer, messages, family, add_generation_prompt=False)
     if not full.startswith(prompt):
         raise ValueError(

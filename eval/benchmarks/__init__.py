@@ -29,7 +29,7 @@ class BenchmarkEntry:
     `headstart.benchmark_registry.DATA`, which names each one's hub split and vendored
     file: the first is its default source, the others files it also accepts or reads
     beside it), what `quality` means in its reports, and how a base model is prompted with
-    its requests (`prompt_format=completion`; docs/evaluation.md gives the reasons)."""
+    its requests (`prompt_format=completion`: headstart.completion)."""
 
     loader: type
     sources: tuple[str, ...]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from headstart.completion import cut_at_stop
+
 
 class AnswerEnd(frozenset):
     """The ids that end an answer (a set of them: engines ask `token in end`) and, for a model
@@ -14,14 +16,14 @@ class AnswerEnd(frozenset):
     so the baseline, the stream and the counted path end every answer at the same token."""
 
     stop_strings: tuple[str, ...]
-    decode: Callable[[list[int]], str] | None
+    decode: Callable[[list[int]], str]
 
     def __new__(cls, token_ids: Iterable[int], stop_strings: Iterable[str] = (),
                 decode: Callable[[list[int]], str] | None = None) -> AnswerEnd:
         end = super().__new__(cls, token_ids)
-        end.stop_strings, end.decode = tuple(stop_strings), decode
-        if end.stop_strings and decode is None:
+        if stop_strings and decode is None:
             raise ValueError("stop strings need the tokenizer's decode")
+        end.stop_strings, end.decode = tuple(stop_strings), decode
         return end
 
     def __reduce__(self) -> tuple:  # the ids alone travel to other processes (vLLM workers get `stop` apart)
@@ -48,9 +50,7 @@ class AnswerEnd(frozenset):
         Args:
             tokens (list[int]): the answer's token ids.
         """
-        text = self.decode(tokens) if self.decode else ""
-        cuts = [text.find(stop) for stop in self.stop_strings if stop in text]
-        return text[: min(cuts)] if cuts else text
+        return cut_at_stop(self.decode(tokens), self.stop_strings)[0]
 
 
 def common_prefix_length(a: list, b: list) -> int:

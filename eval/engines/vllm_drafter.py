@@ -49,7 +49,8 @@ class VLLMDrafter:
                 prompt.
         """
         answers = self.engines.generate(prompts, max_new_tokens, self.eos_token_ids)
-        # vLLM's stop strings only end decoding early: the answers end where the one end rule says.
+        # The engines run without a tokenizer (ids in, ids out), so they know no stop strings: a base model's
+        # answers decode on to an end token or the budget, and are cut here by the one end rule.
         return [through_first_eos(answer, self.eos_token_ids) for answer in answers]
 
     def accepted_lengths(self, prompts: list[list[int]], drafts: list[list[int]], rule: AcceptanceRule) -> list[int]:

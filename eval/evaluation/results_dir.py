@@ -32,8 +32,8 @@ from headstart.run_dir import check_output_dir
 # `dtype` is recorded as asked (null: the device's default); the dtype the numbers were computed in is
 # each record's own "dtype", which a resume (eval.evaluation.runner.check_computed_dtype) and a merge of shards
 # (eval.evaluation.shards.merged_records) must match: a CPU fp32 run never resumes on a GPU in bf16.
-RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "system_prompt", "dtype", "sandbox_cpu_seconds",
-               "backend", "timed_every")
+RESULT_KEYS = ("model", "adapter", "benchmark", "data_path", "system_prompt", "prompt_format", "dtype",
+               "sandbox_cpu_seconds", "backend", "timed_every")
 # And what they were computed from, by content: the weights loaded (model and adapter,
 # headstart.models.weights_fingerprint) and the data read (eval.benchmarks.benchmark_fingerprint).
 # The same path holding other weights (a retrained adapter) is other settings.

@@ -28,7 +28,7 @@ from eval.sandbox import SandboxUnavailable
 from headstart.config import dump_config
 from headstart.devices import resolve_device
 from headstart.files import append_jsonl, read_jsonl
-from headstart.models import LoadedModel, default_dtype, dtype_name, load_model
+from headstart.models import LoadedModel, default_dtype, dtype_name, load_model, resolve_prompt_format
 from headstart.paths import outputs_dir, safe_name
 from headstart.prompts import resolve_system_message
 from headstart.run_dir import check_output_dir, check_writable, write_mark
@@ -216,12 +216,14 @@ def check_computed_dtype(records: list[dict[str, Any]], dtype: str, results_path
 
 
 def summary_labels(config: EvalConfig) -> dict[str, Any]:
-    """What a summary was measured on: benchmark, model, adapter, acceptance rule and regeneration.
+    """What a summary was measured on: benchmark, model, adapter, prompt format (resolved), acceptance rule
+    and regeneration.
 
     Args:
         config (EvalConfig): the run's settings.
     """
     return {"benchmark": config.benchmark, "model": config.model, "adapter": config.adapter,
+            "prompt_format": resolve_prompt_format(config.prompt_format, config.model, config.adapter),
             "acceptance": config.decode.acceptance, "regenerate": config.decode.regenerate}
 
 

@@ -164,7 +164,7 @@ def _one_count(root: Path, shards: set[Shard]) -> int:
 # Number-deciding settings added after results directories were first written, each with the value
 # that gives the numbers recorded before it existed: a directory (or shard) that does not record one
 # ran with that value. Any other setting a directory does not record is a difference.
-ADDED_SETTINGS = {"lookup_realign": 0}
+ADDED_SETTINGS = {"lookup_realign": 0, "prompt_format": "auto"}
 
 
 def recorded_settings(directory: Path) -> dict[str, Any]:

