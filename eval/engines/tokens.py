@@ -26,7 +26,7 @@ class AnswerEnd(frozenset):
         end.stop_strings, end.decode = tuple(stop_strings), decode
         return end
 
-    def __reduce__(self) -> tuple:  # the ids alone travel to other processes (vLLM workers get `stop` apart)
+    def __reduce__(self) -> tuple:  # the ids alone cross to other processes (vLLM workers): the cut stays here
         return frozenset, (set(self),)
 
     def stop_length(self, tokens: list[int]) -> int | None:
