@@ -190,6 +190,11 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python benchmarks/bench_suite.py --threads 1 --acceptances greedy --regenerate lookup --benchmarks coedit,chat":
         HelpHas(),
     "python benchmarks/bench_suite.py --report-only --acceptances greedy --regenerate lookup": HelpHas(),
+    "python benchmarks/bench_suite.py --model gemma3-270m --threads 1 --acceptances greedy --regenerate lookup "
+    "--benchmarks humaneval,mbpp,coedit,chat,canitedit,ds1000 --output-dir outputs/bench/suite-20-128-lookup-gemma3-270m":
+        HelpHas(),
+    "python -m eval model=gemma3-270m benchmark=humaneval limit=null timed_every=20 decode.regenerate=lookup "
+    "decode.max_new_tokens=128 output_dir=outputs/eval/gemma3-270m-humaneval-count": Checked(),
     # Before/after and the study
     "python -m eval.before_after recipe=before_after_smollm2 adapted=outputs/train/smollm2_prefix/adapter":
         Checked("tests/test_slurm.py::test_pipeline_chains_data_train_and_before_after_eval"),
