@@ -96,8 +96,8 @@ def test_the_report_of_a_suite_in_progress_compares_rules_on_the_same_requests(t
     greedy_first = next(r for r in read_jsonl(tmp_path / "coedit" / "greedy" / "results.jsonl")
                         if r["request_id"] == first["request_id"])
     assert by_rule["threshold:0.9"]["coedit"] == summarize([first]) | {"benchmark": "coedit", "model": str(tiny_qwen3_dir),
-                                                                    "adapter": None, "acceptance": "threshold:0.9",
-                                                                    "regenerate": "lookup"}
+                                                                    "adapter": None, "prompt_format": "chat",
+                                                                    "acceptance": "threshold:0.9", "regenerate": "lookup"}
     assert by_rule["greedy"]["coedit"]["requests"] == 1
     assert by_rule["greedy"]["coedit"]["speedup_forwards_median"] == summarize([greedy_first])["speedup_forwards_median"]
     assert by_rule["greedy"]["chat"]["requests"] == by_rule["threshold:0.9"]["chat"]["requests"] == 2
