@@ -33,8 +33,8 @@ from eval.evaluation.config import check_limit
 from eval.evaluation.evaluator import answer_end
 from eval.reporting.tables import markdown_rows
 from headstart.config import config_to_dict, run_cli
-from headstart.models import LoadedModel, load_model, resolve_prompt_format, weights_fingerprint
-from headstart.prompts import build_messages, encode_prompt, prompt_family, resolve_system_message
+from headstart.models import LoadedModel, load_model, model_prompt_family, weights_fingerprint
+from headstart.prompts import build_messages, encode_prompt, resolve_system_message
 from headstart.run_config import AdaptedModelOnDevice
 
 VERIFIERS = ("causal", "bidirectional")
@@ -102,8 +102,7 @@ def check(config: VerifierCheckConfig, loaded: LoadedModel | None = None) -> dic
         return {}
     loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=config.device)
     system = resolve_system_message(config.system_prompt, config.adapter or config.model)
-    prompt_format = resolve_prompt_format(config.prompt_format, config.model, config.adapter)
-    family = prompt_family(loaded.tokenizer, prompt_format, config.adapter or config.model)
+    family = model_prompt_family(loaded.tokenizer, config.prompt_format, config.model, config.adapter)
     frame = BENCHMARKS["humaneval"].completion
     prompts = [encode_prompt(loaded.tokenizer, build_messages(r.text, r.history, system), family, frame) for r in requests]
     answers = draft_answers(config, loaded, requests, prompts, answer_end(loaded, family, frame))

@@ -42,9 +42,9 @@ from headstart.benchmark_registry import MBPP_SPLIT_IDS
 from headstart.config import RecipeError
 from headstart.device_names import check_device
 from headstart.devices import default_device, resolve_device
-from headstart.models import resolve_prompt_format
+from headstart.models import model_prompt_family
 from headstart.paths import outputs_dir, resolve_path
-from headstart.prompts import Family, prompt_family
+from headstart.prompts import Family
 from headstart.run_dir import check_writable
 from headstart.vllm_client import vllm_unavailable
 
@@ -226,7 +226,7 @@ def _prompt_family(config: BuildConfig, tokenizer) -> Family | None:
     """The prompt format an AR model reads its requests in (its token counts); None for ReFusion rows (the bare query)."""
     if config.format != "ar" or tokenizer is None:
         return None
-    return prompt_family(tokenizer, resolve_prompt_format(config.generation.prompt_format, config.model), config.model)
+    return model_prompt_family(tokenizer, config.generation.prompt_format, config.model)
 
 
 def _analyse(requests: Dataset, config: BuildConfig, work: Path, index: DecontaminationIndex, tokenizer) -> Dataset:

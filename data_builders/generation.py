@@ -27,9 +27,9 @@ from data_builders.answer_cache import AnswerCache, answer_key, model_identity
 from data_builders.config import GenerationConfig
 from headstart.completion import TRANSCRIPT, cut_at_stop
 from headstart.devices import default_device
-from headstart.models import end_token_ids, resolve_prompt_format
+from headstart.models import end_token_ids, model_prompt_family
 from headstart.paths import safe_name
-from headstart.prompts import build_messages, prompt_family, render_prompt
+from headstart.prompts import build_messages, render_prompt
 from headstart.run_config import ModelSetting
 from headstart.vllm_client import VLLMEngines, needed_model_len, vllm_dtype, vllm_model, vllm_unavailable
 
@@ -54,7 +54,7 @@ def greedy_answers_finished(
         desc (str): the progress bar's label.
     """
     tokenizer = _tokenizer(settings.model)
-    family = prompt_family(tokenizer, resolve_prompt_format(settings.prompt_format, settings.model), settings.model)
+    family = model_prompt_family(tokenizer, settings.prompt_format, settings.model)
     stop = TRANSCRIPT.stop if family == "completion" else ()  # a base model's answer ends where its next turn would begin
     prompts = [render_prompt(tokenizer, build_messages(r), family) for r in requests]
     identity = model_identity(settings.model)

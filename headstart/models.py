@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from headstart.devices import resolve_device
 from headstart.fingerprint import file_sha256, files_sha256
 from headstart.model_files import adapter_base, check_local_source, is_adapter_dir
-from headstart.prompts import Family, check_prompt_format, detect_family, read_training_record
+from headstart.prompts import Family, check_prompt_format, detect_family, prompt_family, read_training_record
 from headstart.refusion import check_refusion_token_ids
 
 
@@ -69,6 +69,20 @@ def resolve_prompt_format(prompt_format: str, model: str, adapter: str | None = 
             return check_prompt_format(recorded)
     base = model.lower()
     return EMBEDDED_MODELS[base].prompt_format if base in EMBEDDED_MODELS else "chat"
+
+
+def model_prompt_family(tokenizer: PreTrainedTokenizerBase, prompt_format: str, model: str,
+                        adapter: str | None = None) -> Family:
+    """The family prompts of `model` (with `adapter`) are rendered in: `prompt_format` resolved
+    (`resolve_prompt_format`), a base model asked for chat refused (headstart.prompts.prompt_family).
+
+    Args:
+        tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
+        prompt_format (str): the setting (headstart.prompts.PROMPT_FORMATS).
+        model (str): the model source as the user named it.
+        adapter (str | None): the adapter directory on it, or None.
+    """
+    return prompt_family(tokenizer, resolve_prompt_format(prompt_format, model, adapter), adapter or model)
 
 
 @dataclass

@@ -5,8 +5,8 @@ from __future__ import annotations
 from accelerate import PartialState
 from datasets import Dataset
 
-from headstart.models import resolve_prompt_format
-from headstart.prompts import Family, prompt_family
+from headstart.models import model_prompt_family
+from headstart.prompts import Family
 from train.config import TrainRecipe
 from train.data import load_split
 from train.provenance import answer_models, check_answer_models
@@ -25,7 +25,7 @@ def training_family(tokenizer, recipe: TrainRecipe) -> Family:
         recipe (TrainRecipe): the validated recipe.
     """
     source = recipe.model.name_or_path
-    family = prompt_family(tokenizer, resolve_prompt_format(recipe.model.prompt_format, source), source)
+    family = model_prompt_family(tokenizer, recipe.model.prompt_format, source)
     if family == "completion" and recipe.objective in ("refusion", "sdft"):
         raise ValueError(f"objective {recipe.objective} trains chat models; {source} is prompted as a base model "
                          "(prompt_format=completion): use objective sft or distill")

@@ -30,8 +30,8 @@ from eval.engines.width_measure import use_auto_table
 from eval.evaluation.config import EvalConfig
 from eval.evaluation.degenerate import DegenerateCheck
 from headstart.completion import CompletionFrame
-from headstart.models import LoadedModel, dtype_name, resolve_prompt_format
-from headstart.prompts import Family, build_messages, encode_prompt, prompt_family, resolve_system_message
+from headstart.models import LoadedModel, dtype_name, model_prompt_family
+from headstart.prompts import Family, build_messages, encode_prompt, resolve_system_message
 from headstart.refusion import mask_token_id
 from headstart.segment import prefixes
 from headstart.vllm_client import needed_model_len
@@ -52,9 +52,8 @@ class StreamingEvaluator:
             system (str | None | EllipsisType): the system message the run resolved (None: no system turn);
                 `...`: resolved here from `config.system_prompt`.
         """
-        prompt_format = resolve_prompt_format(config.prompt_format, config.model, config.adapter)
         # A base model asked for chat is refused here, before any request; never wrapped in a format it never saw.
-        self.family = prompt_family(loaded.tokenizer, prompt_format, config.adapter or config.model)
+        self.family = model_prompt_family(loaded.tokenizer, config.prompt_format, config.model, config.adapter)
         self.frame = BENCHMARKS[config.benchmark].completion
         check_completion_format(self.family, config)
         self.loaded = loaded
