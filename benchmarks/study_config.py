@@ -16,10 +16,12 @@ from headstart.run_config import ModelSetting
 
 @dataclass
 class StudyConfig(ModelSetting):
-    """Base vs sft vs distill at equal compute, on the embedded model."""
+    """The base model against each objective at equal compute, on an embedded model."""
 
     data_recipe: str = field(default="smollm2_code_self", metadata={"help": "Data-builder recipe of the training rows."})
-    objectives: dict[str, str] = field(default_factory=lambda: {"sft": "smollm2_prefix", "distill": "smollm2_distill"},
+    # One by default: a recipe's mapping is merged into the default's keys, so a default
+    # objective could not be left out (study_smollm2 lists its three).
+    objectives: dict[str, str] = field(default_factory=lambda: {"sft": "smollm2_prefix"},
                                        metadata={"help": "Side name -> train recipe (its objective and LoRA are used)."})
     learning_rates: list[float] = field(default_factory=lambda: [1e-4, 3e-4, 1e-3],
                                         metadata={"help": "Rates swept per objective on the validation split."})

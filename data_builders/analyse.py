@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from data_builders.decontamination import DecontaminationIndex, normalise, stable_hash
+from headstart.completion import completion_frame
 from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, Family, build_messages, render_prompt
 from headstart.segment import segment_request
 
@@ -40,6 +41,7 @@ def analyse_batch(
     index: DecontaminationIndex,
     tokenizer: Any | None,
     family: Family | None,
+    frame: str | None = None,
 ) -> dict[str, list[Any]]:
     """Per request: segment ends, normalised-text hash, contamination code, token counts.
 
@@ -48,6 +50,7 @@ def analyse_batch(
         index (DecontaminationIndex): the benchmark index that finds contaminated requests.
         tokenizer (Any | None): the tokenizer that counts tokens, or None to count none.
         family (Family | None): the prompt format the model reads (AR), or None for the bare query (ReFusion).
+        frame (str | None): the completion frame's name (headstart.completion.FRAMES; None: the transcript).
     """
     requests, references = batch["request"], batch["reference"]
     cuts = [cut_offsets(r, s) for r, s in zip(requests, batch["segments"])]
@@ -61,12 +64,12 @@ def analyse_batch(
         "has_reference": [bool(r and r.strip()) for r in references],
     }
     if tokenizer is not None:
-        out["request_tokens"] = prompt_lengths(tokenizer, requests, family)
+        out["request_tokens"] = prompt_lengths(tokenizer, requests, family, frame)
         out["reference_tokens"] = text_lengths(tokenizer, [r or "" for r in references])
     return out
 
 
-def prompt_lengths(tokenizer: Any, queries: list[str], family: Family | None) -> list[int]:
+def prompt_lengths(tokenizer: Any, queries: list[str], family: Family | None, frame: str | None = None) -> list[int]:
     """Tokens of what the model reads: the rendered prompt (AR: a chat template, or a base model's
     completion format) or the bare query.
 
@@ -74,11 +77,12 @@ def prompt_lengths(tokenizer: Any, queries: list[str], family: Family | None) ->
         tokenizer (Any): the tokenizer that counts tokens.
         queries (list[str]): the queries the model reads.
         family (Family | None): the prompt format the model reads (AR), or None for the bare query (ReFusion).
+        frame (str | None): the completion frame's name (headstart.completion.FRAMES; None: the transcript).
     """
     if family:
-        queries = [
-            render_prompt(tokenizer, build_messages(q, system=INCOMPLETE_REQUEST_SYSTEM), family) for q in queries
-        ]
+        framed = completion_frame(frame or "transcript")
+        queries = [render_prompt(tokenizer, build_messages(q, system=INCOMPLETE_REQUEST_SYSTEM), family, frame=framed)
+                   for q in queries]
     return text_lengths(tokenizer, queries)
 
 

@@ -14,16 +14,18 @@ from pathlib import Path
 from headstart.files import append_jsonl, read_jsonl
 
 
-def answer_key(model: str, prompt: str, max_new_tokens: int) -> str:
+def answer_key(model: str, prompt: str, max_new_tokens: int, stop: tuple[str, ...] = ()) -> str:
     """What identifies a greedy answer: the model (`model_identity`), the exact prompt text,
-    the length budget.
+    the length budget, and the stop strings it was cut at (two completion frames may frame a
+    request alike and end its answer differently).
 
     Args:
         model (str): the model source that answers.
         prompt (str): the exact prompt text.
         max_new_tokens (int): the answer's length budget in tokens.
+        stop (tuple[str, ...]): the stop strings (none: a chat model's answer, keyed as before they existed).
     """
-    payload = json.dumps([model, prompt, max_new_tokens, "greedy"], ensure_ascii=False)
+    payload = json.dumps([model, prompt, max_new_tokens, "greedy", *([list(stop)] if stop else [])], ensure_ascii=False)
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 

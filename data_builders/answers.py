@@ -46,6 +46,7 @@ def gather(analysed: Dataset, selection: Selection, config: BuildConfig, work: P
         device=config.generation.device,
         vllm=config.generation.vllm,
         prompt_format=config.generation.prompt_format,
+        completion_frame=config.generation.completion_frame,
     )
     cache = AnswerCache(cache_path(work, config.model), [resolve_path(p) for p in config.generation.cache_files])
     requests, rows = subset["request"], chosen.tolist()

@@ -39,6 +39,7 @@ from data_builders.report import Report
 from data_builders.select import choose, column, eligible_rows
 from data_builders.sources import SOURCES
 from headstart.benchmark_registry import MBPP_SPLIT_IDS
+from headstart.completion import completion_frame
 from headstart.config import RecipeError
 from headstart.device_names import check_device
 from headstart.devices import default_device, resolve_device
@@ -94,6 +95,10 @@ def validate(config: BuildConfig, machine: bool = True) -> None:
                        "caps.max_pairs": caps.max_pairs, "preview_rows": config.preview_rows}.items():
         if value < 0:
             raise RecipeError(f"{key} must be >= 0 (0: no limit), got {value}")
+    try:
+        completion_frame(generation.completion_frame)
+    except ValueError as error:
+        raise RecipeError(f"generation.completion_frame: {error}") from error
     try:
         check_device(generation.device, "generation.device")
     except ValueError as error:
@@ -233,12 +238,14 @@ def _analyse(requests: Dataset, config: BuildConfig, work: Path, index: Decontam
     index_id = [len(index.exact), len(index.ngrams), sum(index.exact) % (1 << 61),
                 int(index.ngrams.sum(dtype=np.uint64)), index.n]
     family = _prompt_family(config, tokenizer)
-    key = _key("analyse", ANALYSIS_VERSION, collect_key(config), index_id, tokenizer_name(config), config.format, family)
+    frame = config.generation.completion_frame if family == "completion" else None
+    key = _key("analyse", ANALYSIS_VERSION, collect_key(config), index_id, tokenizer_name(config), config.format, family,
+               *([frame] if frame else []))  # a chat build's key as before: its cache stays valid
     return requests.map(
         analyse_batch,
         batched=True,
         num_proc=_procs(config, len(requests)),
-        fn_kwargs={"index": index, "tokenizer": tokenizer, "family": family},
+        fn_kwargs={"index": index, "tokenizer": tokenizer, "family": family, "frame": frame},
         new_fingerprint=key,
         cache_file_name=str(work / f"analysed-{key}.arrow"),
         desc="segment, hash, decontaminate",
@@ -278,6 +285,7 @@ def _expand(analysed, chosen, selection, answers, drafts, config, tokenizer, wor
             "answer_model": config.model if config.answers == "self" else None,
             "tokenizer": tokenizer,
             "family": _prompt_family(config, tokenizer),
+            "frame": config.generation.completion_frame,
         },
         new_fingerprint=_key("expand", split, config.seed, len(chosen)),
         cache_file_name=str(work / f"pairs-{split}.arrow"),

@@ -86,8 +86,13 @@ class GenerationConfig(DeviceSetting):
     max_new_tokens: int = field(default=512, metadata={"help": "Longest generated answer or draft."})
     prompt_format: str = field(
         default="auto",
-        metadata={"help": "auto, chat or completion (headstart.prompts.PROMPT_FORMATS): a base model answers a "
-                          "User/Assistant transcript, its answer ending at the next `User:` line."},
+        metadata={"help": "auto, chat or completion (headstart.prompts.PROMPT_FORMATS): a base model answers each "
+                          "request in `completion_frame`, its answer ending at the frame's stop strings."},
+    )
+    completion_frame: str = field(
+        default="transcript",
+        metadata={"help": "The frame of a base model's requests and rows (headstart.completion.FRAMES): the evaluated "
+                          "benchmark's, e.g. docstring for MBPP, so the model is trained on prompts as it is evaluated."},
     )
     cache_files: list[str] = field(
         default_factory=list,

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from data_builders.answer_cache import AnswerCache, answer_key, model_identity
 from data_builders.config import GenerationConfig
-from headstart.completion import TRANSCRIPT, cut_at_stop
+from headstart.completion import completion_frame, cut_at_stop
 from headstart.devices import default_device
 from headstart.models import end_token_ids, model_prompt_family
 from headstart.paths import safe_name
@@ -55,10 +55,11 @@ def greedy_answers_finished(
     """
     tokenizer = _tokenizer(settings.model)
     family = model_prompt_family(tokenizer, settings.prompt_format, settings.model)
-    stop = TRANSCRIPT.stop if family == "completion" else ()  # a base model's answer ends where its next turn would begin
-    prompts = [render_prompt(tokenizer, build_messages(r), family) for r in requests]
+    frame = completion_frame(settings.completion_frame)
+    stop = frame.stop if family == "completion" else ()  # a base model's answer ends where its frame's text would go on
+    prompts = [render_prompt(tokenizer, build_messages(r), family, frame=frame) for r in requests]
     identity = model_identity(settings.model)
-    keys = [answer_key(identity, p, settings.max_new_tokens) for p in prompts]
+    keys = [answer_key(identity, p, settings.max_new_tokens, stop) for p in prompts]
     unique = sorted(dict(zip(keys, prompts)).items(), key=lambda kv: (len(kv[1]), kv[0]))
     generate: Generate | None = None
     batches = [unique[i : i + settings.batch_size] for i in range(0, len(unique), settings.batch_size)]

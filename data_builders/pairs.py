@@ -35,6 +35,7 @@ def expand_batch(
     tokenizer: Any | None,
     answer_model: str | None = None,
     family: Family | None = None,
+    frame: str = "transcript",
 ) -> dict[str, list[Any]]:
     """Rows for one batch of chosen requests; `indices` are positions in `rows`.
 
@@ -54,6 +55,8 @@ def expand_batch(
         tokenizer (Any | None): the tokenizer that counts prompt tokens, or None to count none.
         answer_model (str | None): the model that wrote the answers, or None for the corpus's own.
         family (Family | None): the prompt format an AR model reads (token counts of its prompts).
+        frame (str): the completion frame of a base model's rows (headstart.completion.FRAMES), written in
+            their `frame` column (family "completion" only).
     """
     out: dict[str, list[Any]] = {k: [] for k in PROVENANCE}
     queries, responses, draft_texts = [], [], []
@@ -77,12 +80,14 @@ def expand_batch(
             out["full_request"].append(request[: cuts[-1]])  # S_n (byte-identical to the request)
     if fmt == "ar":
         out["messages"] = [_messages(q, a) for q, a in zip(queries, responses)]
+        if family == "completion":  # training renders each row's request in this frame
+            out["frame"] = [frame] * len(queries)
     else:
         out["query"], out["response"] = queries, responses
         if drafts is not None:
             out["draft"] = draft_texts
     if tokenizer is not None:
-        out["_prompt_tokens"] = prompt_lengths(tokenizer, queries, family if fmt == "ar" else None)
+        out["_prompt_tokens"] = prompt_lengths(tokenizer, queries, family if fmt == "ar" else None, frame)
         out["_answer_tokens"] = text_lengths(tokenizer, responses)
         if drafts is not None:
             out["_draft_tokens"] = text_lengths(tokenizer, draft_texts)

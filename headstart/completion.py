@@ -3,8 +3,8 @@
 A base model continues text. Its prompt is the request's own text in a frame such text has in
 pretraining data (a function's signature and docstring, a module docstring, a transcript), and
 its answer is the continuation, ended by stop strings: what would open the next part of such a
-document. Each benchmark declares its frame (eval.benchmarks.BENCHMARKS); training rows and
-dialogues get `TRANSCRIPT`. The frame wraps each prefix S_i whole, so no markup is left open
+document. Each benchmark declares its frame (eval.benchmarks.BENCHMARKS); dialogues get
+`TRANSCRIPT`, and training rows the frame their data build names (`FRAMES`; the transcript by default). The frame wraps each prefix S_i whole, so no markup is left open
 by a partial request (PROTOCOL.md).
 """
 
@@ -21,6 +21,7 @@ class CompletionFrame:
     after: str = ""  # what follows it; the answer begins right after
     drop: str = ""  # a chat instruction the request opens with, left out (a partial one too)
     stop: tuple[str, ...] = ()  # texts that end the answer (cut before them, as vLLM's `stop`)
+    answer_lead: str = ""  # what a training row puts between the prompt and its answer (stored answers are stripped)
 
     def prompt(self, request: str) -> str:
         """The framed text of a request (or of a prefix of it).
@@ -33,12 +34,38 @@ class CompletionFrame:
         return self.before + request.removeprefix(self.drop) + self.after
 
 
-# A dialogue as a plain transcript: chat, text edits, and training rows.
-TRANSCRIPT = CompletionFrame(before="User: ", after="\nAssistant:", stop=("\nUser:",))
+# A dialogue as a plain transcript: chat, text edits, and training rows by default.
+TRANSCRIPT = CompletionFrame(before="User: ", after="\nAssistant:", stop=("\nUser:",), answer_lead=" ")
 # What ends a completed program: a test or use of it, a closing fence.
 PROGRAM_STOPS = ("\nif __name__", "\nprint(", "\nassert ", "\n```")
 # What ends a completed function's body: the next top-level definition too.
 FUNCTION_STOPS = ("\ndef ", "\nclass ", *PROGRAM_STOPS)
+
+# The frames by name: each benchmark declares its own (eval.benchmarks.BENCHMARKS), and a data
+# build names the one its rows are written in (`generation.completion_frame`), so that a base
+# model is trained on requests framed as the benchmark it is evaluated on frames them.
+FRAMES: dict[str, CompletionFrame] = {
+    "transcript": TRANSCRIPT,
+    # The request is a signature and docstring: the function's body continues it.
+    "function": CompletionFrame(stop=FUNCTION_STOPS),
+    # The task as a module docstring; the program follows it.
+    "docstring": CompletionFrame(before='"""\n', after='\n"""\n', stop=('\n"""', *PROGRAM_STOPS)),
+    # The program and the instruction under one heading, the edited program under the next.
+    "code_after": CompletionFrame(before="## Code Before:\n", after="\n## Code After:\n", stop=("\n## ",)),
+    # A prompt that already ends where the solution code begins (DS-1000's).
+    "solution": CompletionFrame(stop=("</code>", "\nEND SOLUTION", "# SOLUTION END")),
+}
+
+
+def completion_frame(name: str) -> CompletionFrame:
+    """The frame called `name` in FRAMES; ValueError naming the known ones otherwise.
+
+    Args:
+        name (str): a key of FRAMES.
+    """
+    if name not in FRAMES:
+        raise ValueError(f"unknown completion frame {name!r}; known: {', '.join(FRAMES)}")
+    return FRAMES[name]
 
 
 def cut_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:

@@ -15,7 +15,7 @@ from eval.engines.decode import DecodeSpec
 from eval.engines.tokens import AnswerEnd, answer_finished, through_first_eos
 from eval.evaluation.config import EvalConfig
 from eval.evaluation.evaluator import StreamingEvaluator
-from headstart.completion import TRANSCRIPT, render_completion
+from headstart.completion import FRAMES, TRANSCRIPT, cut_at_stop, render_completion
 from headstart.models import load_model, resolve_prompt_format
 from headstart.prompts import build_messages, encode_prompt, prompt_family, read_training_record, write_training_record
 from headstart.segment import prefixes
@@ -197,3 +197,68 @@ def test_self_distillation_prompts_a_base_model_as_a_transcript(base_model_dir, 
         ids = encode_prompt(loaded.tokenizer, build_messages(request), "completion")
         output = loaded.model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):]
         assert answer == loaded.tokenizer.decode(output, skip_special_tokens=True).strip() and not finished
+
+
+@pytest.fixture(scope="module")
+def ending_base_model_dir(base_model_dir, tmp_path_factory):
+    """The tiny base model made to end its answers: its EOS row of the output layer is the row of
+    the token its greedy answers write most, scaled up by 0.1%, so some answers end early and
+    others run to a small cap (tests/conftest.py's tiny_qwen3_ending_dir, for a base model)."""
+    from collections import Counter
+
+    from transformers import AutoModelForCausalLM
+
+    loaded = load_model(str(base_model_dir), device="cpu")
+    written = Counter()
+    for request in [r.text for r in get_benchmark("mbpp", "data/mbpp/mbpp.jsonl").load(limit=4)]:
+        ids = encode_prompt(loaded.tokenizer, build_messages(request), "completion", frame=FRAMES["docstring"])
+        written.update(loaded.model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):].tolist())
+    often = next(t for t, _ in written.most_common() if t not in loaded.tokenizer.all_special_ids)
+    model = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight[loaded.tokenizer.eos_token_id] = model.lm_head.weight[often] * 1.001
+    directory = tmp_path_factory.mktemp("tiny_base_ending")
+    model.save_pretrained(directory)
+    loaded.tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_rows_built_in_a_benchmark_frame_train_on_the_prompt_the_benchmark_evaluates(ending_base_model_dir, tmp_path):
+    """A base model's self-distilled rows written in MBPP's frame (`generation.completion_frame`):
+    each answer is the model's greedy continuation of the framed request, cut at the frame's stop
+    strings, and training tokenizes each row's prompt exactly as the evaluator prompts that prefix."""
+    from datasets import load_from_disk
+
+    from data_builders.build import build
+    from data_builders.config import BuildConfig
+    from headstart.config import RecipeError, load_config
+    from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM
+    from train.tokenization import tokenize_example
+
+    args = ["recipe=embedded_prefix", f"model={ending_base_model_dir}", "generation.cache_files=[]",
+            "generation.max_new_tokens=24", "generation.prompt_format=completion", "decontamination.benchmarks=[humaneval]",
+            "caps.max_pairs=30"]
+    with pytest.raises(RecipeError, match="unknown completion frame 'docstrings'; known: transcript, function"):
+        build(load_config(BuildConfig, [*args, "generation.completion_frame=docstrings", f"output_dir={tmp_path / 'x'}"]))
+    output = build(load_config(BuildConfig, [*args, "generation.completion_frame=docstring", f"output_dir={tmp_path / 'o'}"]))
+    data = load_from_disk(str(output))
+    rows = list(data["train"]) + list(data.get("validation", []))
+    assert rows and {row["frame"] for row in rows} == {"docstring"}
+    loaded = load_model(str(ending_base_model_dir), device="cpu")
+    tokenizer, frame = loaded.tokenizer, BENCHMARKS["mbpp"].completion
+    assert frame is FRAMES["docstring"]
+    for row in rows[:6]:
+        # The answer: greedy decoding of the complete request in the frame, cut before a stop string.
+        ids = encode_prompt(tokenizer, build_messages(row["full_request"]), "completion", frame=frame)
+        output_ids = loaded.model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)[0, len(ids):]
+        text = tokenizer.decode(output_ids, skip_special_tokens=True)
+        assert row["messages"][2]["content"] in (text, cut_at_stop(text, frame.stop)[0].strip())
+        # Training's prompt for the row is the evaluator's prompt for that prefix in MBPP's frame.
+        parts = tokenize_example(row, tokenizer, "completion", INCOMPLETE_REQUEST_SYSTEM)
+        evaluated = encode_prompt(tokenizer, build_messages(row["messages"][1]["content"], system=INCOMPLETE_REQUEST_SYSTEM),
+                                  "completion", frame=frame)
+        prompt_length = parts["completion_mask"].index(1)
+        assert parts["input_ids"][:prompt_length] == evaluated
+        assert parts["input_ids"][-1] == tokenizer.eos_token_id
+    with pytest.raises(ValueError, match="unknown completion frame 'nope'"):
+        tokenize_example({**rows[0], "frame": "nope"}, tokenizer, "completion", INCOMPLETE_REQUEST_SYSTEM)

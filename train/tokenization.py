@@ -16,6 +16,7 @@ from __future__ import annotations
 from datasets import Dataset
 from transformers import PreTrainedTokenizerBase
 
+from headstart.completion import TRANSCRIPT, CompletionFrame, completion_frame
 from headstart.prompts import SYSTEM_ALIASES, SYSTEM_SETTINGS, Family, render_prompt, resolve_system_message
 from train.data import check_rows
 
@@ -81,25 +82,28 @@ def trained_system_record(system: str | None, dataset: Dataset) -> dict:
 
 
 def split_prompt_answer(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], family: Family
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], family: Family,
+    frame: CompletionFrame = TRANSCRIPT,
 ) -> tuple[str, str]:
     """(prompt text up to the answer, answer text with its end-of-turn markers). ReFusion's
     answer is its text and the EOS token, as upstream trains it (ML-GSAI/ReFusion train.py:
     the generation prompt, then the encoded response and eos_token_id); so is a base model's in
-    the completion format (headstart.completion.TRANSCRIPT).
+    the completion format: its answer follows the request's frame (a row's `frame`; the transcript
+    by default) after the frame's `answer_lead`.
 
     Args:
         tokenizer (PreTrainedTokenizerBase): the model's tokenizer.
         messages (list[dict[str, str]]): the dialogue, ending with the assistant's answer.
         family (Family): the model's prompt family.
+        frame (CompletionFrame): the frame of the request (family "completion" only).
     """
     if not messages or messages[-1]["role"] != "assistant":
         raise ValueError("each training dialogue must end with an assistant turn")
-    prompt = render_prompt(tokenizer, messages[:-1], family, add_generation_prompt=True)
+    prompt = render_prompt(tokenizer, messages[:-1], family, add_generation_prompt=True, frame=frame)
     if family == "refusion":
         return prompt, messages[-1]["content"] + tokenizer.eos_token
-    if family == "completion":  # the transcript's "Assistant:", then the answer and the model's EOS
-        return prompt, " " + messages[-1]["content"] + tokenizer.eos_token
+    if family == "completion":  # the frame (the transcript's "Assistant:"), then the answer and the model's EOS
+        return prompt, frame.answer_lead + messages[-1]["content"] + tokenizer.eos_token
     full = render_prompt(tokenizer, messages, family, add_generation_prompt=False)
     if not full.startswith(prompt):
         raise ValueError(
@@ -107,6 +111,16 @@ def split_prompt_answer(
             f"cannot find the answer boundary.\nprompt: {prompt[-200:]!r}\nfull: {full[-400:]!r}"
         )
     return prompt, full[len(prompt):]
+
+
+def row_frame(example: dict) -> CompletionFrame:
+    """The completion frame a row's request is written in: its `frame` column (a data build's
+    `generation.completion_frame`), else the transcript.
+
+    Args:
+        example (dict): one row.
+    """
+    return completion_frame(example.get("frame") or "transcript")
 
 
 def dialogue(example: dict) -> list[dict[str, str]]:
@@ -137,7 +151,7 @@ def tokenize_parts(
         system_message (str | None): the resolved system turn: KEEP_ROWS, None (no system turn) or its text.
     """
     messages = with_system(dialogue(example), system_message)
-    prompt, answer = split_prompt_answer(tokenizer, messages, family)
+    prompt, answer = split_prompt_answer(tokenizer, messages, family, row_frame(example))
     return {
         "prompt_ids": _ids(tokenizer, prompt),
         "draft_ids": _ids(tokenizer, example.get("draft") or ""),
@@ -244,8 +258,9 @@ def tokenize_distill(
     """
     student = with_system(dialogue(example), system_message)
     teacher = with_system(teacher_dialogue(example), system_message)
-    prompt, answer = split_prompt_answer(tokenizer, student, family)
-    teacher_prompt, teacher_answer = split_prompt_answer(tokenizer, teacher, family)
+    frame = row_frame(example)
+    prompt, answer = split_prompt_answer(tokenizer, student, family, frame)
+    teacher_prompt, teacher_answer = split_prompt_answer(tokenizer, teacher, family, frame)
     if teacher_answer != answer:
         raise ValueError("the chat template renders the answer differently after the full request; "
                          f"cannot score one answer under both prompts: {answer[:80]!r} vs {teacher_answer[:80]!r}")

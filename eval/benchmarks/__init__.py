@@ -17,7 +17,7 @@ from eval.benchmarks.humaneval import INSTRUCTION as HUMANEVAL_INSTRUCTION
 from eval.benchmarks.humaneval import HumanEval
 from eval.benchmarks.mbpp import MBPP
 from headstart.benchmark_registry import DATA
-from headstart.completion import FUNCTION_STOPS, PROGRAM_STOPS, TRANSCRIPT, CompletionFrame
+from headstart.completion import FRAMES, TRANSCRIPT, CompletionFrame
 from headstart.fingerprint import path_sha256
 from headstart.paths import resolve_path
 
@@ -38,18 +38,14 @@ class BenchmarkEntry:
 
 
 BENCHMARKS: dict[str, BenchmarkEntry] = {
-    # The request is the signature and docstring: the function's body continues it.
+    # The request is the signature and docstring (after the chat instruction, left out).
     "humaneval": BenchmarkEntry(HumanEval, ("humaneval",), "pass@1",
-                                CompletionFrame(drop=HUMANEVAL_INSTRUCTION, stop=FUNCTION_STOPS)),
-    # The task and its tests as a module docstring; the program follows it.
-    "mbpp": BenchmarkEntry(MBPP, ("mbpp_test", "mbpp_sanitized_test"), "pass@1",
-                           CompletionFrame(before='"""\n', after='\n"""\n', stop=('\n"""', *PROGRAM_STOPS))),
-    # The program and the instruction under one heading, the edited program under the next.
-    "canitedit": BenchmarkEntry(CanItEdit, ("canitedit",), "pass@1",
-                                CompletionFrame(before="## Code Before:\n", after="\n## Code After:\n", stop=("\n## ",))),
+                                replace(FRAMES["function"], drop=HUMANEVAL_INSTRUCTION)),
+    # The task and its tests as a module docstring.
+    "mbpp": BenchmarkEntry(MBPP, ("mbpp_test", "mbpp_sanitized_test"), "pass@1", FRAMES["docstring"]),
+    "canitedit": BenchmarkEntry(CanItEdit, ("canitedit",), "pass@1", FRAMES["code_after"]),
     # DS-1000's official prompt is a completion prompt already: it ends where the solution code begins.
-    "ds1000": BenchmarkEntry(DS1000, ("ds1000",), "pass@1",
-                             CompletionFrame(stop=("</code>", "\nEND SOLUTION", "# SOLUTION END"))),
+    "ds1000": BenchmarkEntry(DS1000, ("ds1000",), "pass@1", FRAMES["solution"]),
     "coedit": BenchmarkEntry(CoEdIT, ("coedit",), "token F1"),
     "chat": BenchmarkEntry(Chat, ("ultrachat", "mt_bench", "mt_bench_reference"), "token F1"),
 }
