@@ -124,7 +124,8 @@ def test_the_study_report_pairs_every_objective_with_the_base(tmp_path, monkeypa
 
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    config = StudyConfig(benchmarks=["humaneval"], output_dir=str(tmp_path))
+    config = StudyConfig(objectives={"sft": "smollm2_prefix", "distill": "smollm2_distill"}, benchmarks=["humaneval"],
+                         output_dir=str(tmp_path))
     records = {"before": side(RESIDUALS), "after": side([r - 2 for r in RESIDUALS]), "distill": side(RESIDUALS)}
     for name, rows in records.items():
         (tmp_path / "report" / name / "humaneval").mkdir(parents=True)
