@@ -95,6 +95,7 @@ def train(config: StudyConfig, objective: str, run_dir: Path, data_dir: Path, le
         f"run.effective_batch_size={config.effective_batch_size}",
         f"training.per_device_train_batch_size={config.per_device_train_batch_size}",
         f"training.max_length={config.max_length}", f"training.eval_steps={steps if evaluate else 0}",
+        f"data.system_message={config.system_prompt}",
         "run.merge=false", f"training.run_name={config.group}-{run_dir.name}",
     ]
     if not (run_dir / "adapter" / "adapter_config.json").is_file():
@@ -220,7 +221,7 @@ def run_study(config: StudyConfig) -> None:
     report = BeforeAfterConfig(model=config.model, adapted=models[first],
                                more_adapted={name: models[name] for name in more}, benchmarks=config.benchmarks,
                                data_paths={name: path for name, path in config.data_paths.items() if name in config.benchmarks},
-                               limit=config.limit, decode=config.decode,
+                               limit=config.limit, decode=config.decode, system_prompt=config.system_prompt,
                                timed_every=config.timed_every, backend=config.backend,
                                fast_batch_size=config.fast_batch_size, output_dir=str(output / "report"),
                                wandb_group=config.group)

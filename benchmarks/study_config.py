@@ -11,6 +11,7 @@ from eval.benchmarks import BENCHMARKS
 from eval.engines.decode import DecodeSpec
 from eval.evaluation.config import EvalConfig, check_limit
 from headstart.paths import outputs_dir
+from headstart.prompts import check_evaluation_system_setting
 from headstart.run_config import ModelSetting
 
 
@@ -71,6 +72,11 @@ class StudyConfig(ModelSetting):
                           "plain model (vLLM on a CPU drafts through its LoRA about 2x slower)."},
     )
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decode settings of every evaluation."})
+    system_prompt: str = field(
+        default="incomplete",
+        metadata={"help": "System message of the training rows (data.system_message) and of every evaluated side: "
+                          "incomplete (headstart's incomplete-request message), none, or literal text."},
+    )
     threads: int = field(default=2, metadata={"help": "Torch threads for training and evaluation."})
     output_dir: str = field(default=str(outputs_dir("study", "smollm2")), metadata={"help": "Everything the study writes."})
     wandb_group: str | None = field(default=None, metadata={"help": "W&B group of every run; default study-<output dir name>."})
@@ -90,6 +96,10 @@ class StudyConfig(ModelSetting):
         if self.curve_limit is not None and self.curve_limit < 1:
             raise ValueError(f"curve_limit={self.curve_limit} must be at least 1 (or null: limit)")
         check_limit(self.limit)
+        self.system_prompt = check_evaluation_system_setting(self.system_prompt)
+        if self.system_prompt == "model":  # the base side has no training record to read it from
+            raise ValueError("system_prompt=model: the study trains with and evaluates every side on one system message; "
+                             "choose incomplete, none or literal text")
         for objective in self.objectives:
             if self.steps(objective) % self.curve_points:
                 raise ValueError(f"{objective}: {self.steps(objective)} steps must be a multiple of "

@@ -19,6 +19,7 @@ from test_train_support import REPO, launch_env
 
 from headstart.config import load_config
 from headstart.models import load_model
+from headstart.prompts import read_training_record
 
 
 def test_a_final_run_checkpoints_often_and_on_every_curve_point():
@@ -36,7 +37,9 @@ def test_a_final_run_checkpoints_often_and_on_every_curve_point():
                                               (["curve_points=3"], "multiple of curve_points=3"),
                                               (["objective_steps={refusion: 5}"], "not objectives of the study"),
                                               (["benchmarks=[humaneval,mpbb]"], r"name \['mpbb'\], not benchmarks"),
-                                              (["data_paths={humaneva: x.jsonl}"], r"name \['humaneva'\]")])
+                                              (["data_paths={humaneva: x.jsonl}"], r"name \['humaneva'\]"),
+                                              (["system_prompt=model"], "one system message"),
+                                              (["system_prompt=dataset"], "training data only")])
 def test_bad_study_settings_are_refused_before_any_work(bad, message):
     with pytest.raises(ValueError, match=message):
         load_config(StudyConfig, ["recipe=study_smollm2", *bad])
@@ -78,6 +81,7 @@ def test_an_adapter_is_evaluated_merged_made_once(tmp_path, tiny_qwen3_dir):
 # (data build, sweep and training launches, merge, before/after, curve, report) in minutes.
 SMOKE_STUDY = ("objectives={'sft': 'smollm2_prefix'}, learning_rates=[1e-3], sweep_steps=1, max_steps=2, curve_points=2, "
                "data_recipe='embedded_prefix', benchmarks=['humaneval'], limit=2, backend='transformers', threads=1, "
+               "system_prompt='none', "
                "decode=DecodeSpec(max_new_tokens=32)")
 
 
@@ -112,3 +116,6 @@ def test_the_study_runs_to_its_report_and_resumes_after_a_kill(tmp_path):
     assert [point["step"] for point in json.loads((out / "curve.json").read_text())["sft"]] == [0, 1, 2]
     assert (out / "train" / "sft" / "adapter-merged" / "model.safetensors").is_file()
     assert f"adapted: {out / 'train' / 'sft' / 'adapter-merged'}" in (out / "report" / "config.yaml").read_text()
+    # One system message, none here, for the training rows and every evaluated side.
+    assert "system_prompt: none" in (out / "report" / "config.yaml").read_text()
+    assert read_training_record(out / "train" / "sft" / "adapter")["system_message"] is None
