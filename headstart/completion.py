@@ -4,8 +4,9 @@ A base model continues text. Its prompt is the request's own text in a frame suc
 pretraining data (a function's signature and docstring, a module docstring, a transcript), and
 its answer is the continuation, ended by stop strings: what would open the next part of such a
 document. Each benchmark declares its frame (eval.benchmarks.BENCHMARKS); dialogues get
-`TRANSCRIPT`, and training rows the frame their data build names (`FRAMES`; the transcript by default). The frame wraps each prefix S_i whole, so no markup is left open
-by a partial request (PROTOCOL.md).
+`TRANSCRIPT`, and training rows the frame their data build names (`FRAMES`; the transcript by
+default). The frame wraps each prefix S_i whole, so no markup is left open by a partial request
+(PROTOCOL.md).
 """
 
 from __future__ import annotations
