@@ -201,9 +201,6 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m eval model=gemma3-270m benchmark=chat data_path=data/mt_bench limit=null shard=26/27 "
     "decode.acceptance=greedy decode.regenerate=lookup decode.max_new_tokens=128 "
     "output_dir=outputs/eval/gemma3-270m-chat-window": Checked(),
-    "python -m eval model=gemma3-270m benchmark=mbpp data_path=data/mbpp/mbpp.jsonl limit=null timed_every=50 "
-    "decode.acceptance=greedy decode.regenerate=lookup decode.max_new_tokens=128 backend=vllm fast_batch_size=256 "
-    "output_dir=outputs/eval/gemma3-270m-mbpp-count": Checked(),
     "python benchmarks/study_adaptation.py recipe=study_gemma3": Checked(),
     # Before/after and the study
     "python -m eval.before_after recipe=before_after_smollm2 adapted=outputs/train/smollm2_prefix/adapter":
