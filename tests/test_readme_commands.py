@@ -202,6 +202,12 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "decode.acceptance=greedy decode.regenerate=lookup decode.max_new_tokens=128 "
     "output_dir=outputs/eval/gemma3-270m-chat-window": Checked(),
     "python benchmarks/study_adaptation.py recipe=study_gemma3": Checked(),
+    "python -m eval model=smollm2 benchmark=humaneval limit=null timed_every=20 decode.acceptance=greedy "
+    "decode.regenerate=lookup decode.max_new_tokens=128 backend=vllm fast_batch_size=256 "
+    "output_dir=outputs/eval/smollm2-humaneval-count": Checked(),
+    "python -m eval model=smollm2 benchmark=mbpp data_path=data/mbpp/mbpp.jsonl limit=null timed_every=50 "
+    "decode.acceptance=greedy decode.regenerate=lookup decode.max_new_tokens=128 backend=vllm fast_batch_size=256 "
+    "output_dir=outputs/eval/smollm2-mbpp-count": Checked(),
     # Before/after and the study
     "python -m eval.before_after recipe=before_after_smollm2 adapted=outputs/train/smollm2_prefix/adapter":
         Checked("tests/test_slurm.py::test_pipeline_chains_data_train_and_before_after_eval"),
