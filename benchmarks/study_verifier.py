@@ -9,6 +9,8 @@ the streaming update keeps) and the per-token approval rate. A causal verifier
 judges token j from position j-1, without seeing it, and rejects the foreign
 draft; a bidirectional one judges it at position j, sees it, and approves it:
 why the procedure fails on bidirectional diffusion models (PROTOCOL.md, step 1).
+`verifier=refusion` judges with the ReFusion engine's own verification pass (its
+`decode` settings, `draft_in_context` included): a model with a mask token.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from eval.benchmarks.humaneval import HumanEval
 from eval.engines.bidirectional import bidirectional_logits
 from eval.engines.decode import DecodeSpec
 from eval.engines.fast_path import batched_greedy
+from eval.engines.refusion_decoding import RefusionEngine
 from eval.engines.tokens import AnswerEnd
 from eval.evaluation.config import check_limit
 from eval.evaluation.evaluator import answer_end
@@ -35,9 +38,10 @@ from eval.reporting.tables import markdown_rows
 from headstart.config import config_to_dict, run_cli
 from headstart.models import LoadedModel, load_model, model_prompt_family, weights_fingerprint
 from headstart.prompts import build_messages, encode_prompt, resolve_system_message
+from headstart.refusion import mask_token_id
 from headstart.run_config import AdaptedModelOnDevice
 
-VERIFIERS = ("causal", "bidirectional")
+VERIFIERS = ("causal", "bidirectional", "refusion")
 DRAFT_SOURCES = ("greedy", "reference")
 
 
@@ -47,7 +51,8 @@ class VerifierCheckConfig(AdaptedModelOnDevice):
 
     verifier: str = field(
         default="causal",
-        metadata={"help": "'causal' (token j judged from position j-1) or 'bidirectional' (full attention, judged at j)."},
+        metadata={"help": "'causal' (token j judged from position j-1), 'bidirectional' (full attention, judged at j) or "
+                          "'refusion' (the ReFusion engine's verification pass under `decode`)."},
     )
     decode: DecodeSpec = field(
         default_factory=lambda: DecodeSpec(max_new_tokens=64),
@@ -77,10 +82,21 @@ class VerifierCheckConfig(AdaptedModelOnDevice):
 
 
 @torch.inference_mode()
-def judge_logits(model: PreTrainedModel, prompt_ids: list[int], draft: list[int], verifier: str) -> torch.Tensor:
-    """Row j: the verifier's prediction for draft[j], from ONE forward over (prompt, draft)."""
+def judge_logits(model: PreTrainedModel, prompt_ids: list[int], draft: list[int], verifier: str,
+                 refusion: RefusionEngine | None = None) -> torch.Tensor:
+    """Row j: the verifier's prediction for draft[j], from ONE forward over (prompt, draft).
+
+    Args:
+        model (PreTrainedModel): the model judging.
+        prompt_ids (list[int]): the request's prompt.
+        draft (list[int]): the draft judged.
+        verifier (str): one of VERIFIERS.
+        refusion (RefusionEngine | None): the engine whose verification pass `verifier=refusion` runs.
+    """
     if verifier == "bidirectional":
         return bidirectional_logits(model, prompt_ids + draft, keep=len(draft))
+    if verifier == "refusion":
+        return refusion.verify_draft(refusion.new_state(), prompt_ids, draft, None)
     input_ids = torch.tensor([prompt_ids + draft], device=model.device)
     return model(input_ids=input_ids, logits_to_keep=len(draft) + 1).logits[0, :-1].float()
 
@@ -106,11 +122,15 @@ def check(config: VerifierCheckConfig, loaded: LoadedModel | None = None) -> dic
     frame = BENCHMARKS["humaneval"].completion
     prompts = [encode_prompt(loaded.tokenizer, build_messages(r.text, r.history, system), family, frame) for r in requests]
     answers = draft_answers(config, loaded, requests, prompts, answer_end(loaded, family, frame))
+    refusion = None
+    if config.verifier == "refusion":
+        refusion = RefusionEngine(loaded.model, mask_token_id(loaded.tokenizer), answer_end(loaded, family, frame),
+                                  config.decode)
     kept: dict[str, list[float]] = {"foreign": [], "own": []}
     approved: dict[str, list[bool]] = {"foreign": [], "own": []}
     for index, prompt in enumerate(prompts):
         for kind, draft in (("foreign", answers[(index + 1) % len(prompts)]), ("own", answers[index])):
-            passes = rule.passes(judge_logits(loaded.model, prompt, draft, config.verifier), draft).tolist()
+            passes = rule.passes(judge_logits(loaded.model, prompt, draft, config.verifier, refusion), draft).tolist()
             leading = passes.index(False) if False in passes else len(passes)
             kept[kind].append(leading / len(draft))
             approved[kind].extend(passes)

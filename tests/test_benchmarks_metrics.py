@@ -35,6 +35,19 @@ def test_token_f1_hand_worked():
     assert token_f1("", "") == 1.0 and token_f1("the", "word") == 0.0 and token_f1("zz", "yy") == 0.0
 
 
+def test_the_floor_bound_reads_a_speedup_against_the_least_residual_cost():
+    """ReFusion records (floor 3): baselines 12, 16, 30 over residuals 3, 4, 5 -> speedups 4, 4, 6
+    (median 4); bounds 4, 5.33, 10 (median 5.33); share 4 / 5.33 = 75%. AR records (no field): floor 1."""
+    records = [record(1, 1) | {"baseline_forwards": b, "residual_forwards": r, "min_residual_forwards": 3}
+               for b, r in ((12, 3), (16, 4), (30, 5))]
+    summary = summarize(records)
+    assert summary["residual_floor"] == 3 and summary["minimum_cost_share"] == pytest.approx(1 / 3)
+    assert summary["floor_bound_median"] == pytest.approx(16 / 3)
+    assert summary["floor_bound_share"] == pytest.approx(0.75)
+    ar = summarize([record(1, 1)])  # 10 forwards over 5: 2x of a 10x bound
+    assert (ar["residual_floor"], ar["floor_bound_median"], ar["floor_bound_share"]) == (1, 10, pytest.approx(0.2))
+
+
 def test_summary_leaves_skipped_problems_out_of_quality_and_counts_them():
     records = [record(1.0, 1.0), record(0.0, 1.0), record(0.0, 0.0, status="skipped: tensorflow not installed")]
     summary = summarize(records)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections import Counter
 from dataclasses import replace
 
@@ -133,8 +134,12 @@ class NaiveRefusion:
 # layer): a drafted token is either the causal choice (p near 1) or astronomically
 # unlikely. A token threshold of 1e-5 lets some of them through, so whole-slot
 # commits, infill rounds of different lengths and multi-slot plans all occur.
+# NaiveRefusion feeds infilled tokens again as causal context (infill_kv=refeed); the default splice is held
+# to an independent implementation of upstream's generate in tests/test_refusion_upstream.py. A draft is
+# judged with its EOS (draft_end=verify) unless a test says otherwise.
 TOY_SETTINGS = DecodeSpec(engine="refusion", regenerate="plain", max_new_tokens=MAX_NEW_TOKENS, slot_size=4,
-                          serial_blocks=2, slot_threshold=0.5, token_threshold=1e-5)
+                          serial_blocks=2, slot_threshold=0.5, token_threshold=1e-5, infill_kv="refeed",
+                          draft_end="verify")
 # A token the seeded toy often produces stands in for EOS, so that answers end early.
 TOY_EOS = 119
 PHASES = ("verify", "regenerate")
@@ -224,9 +229,35 @@ def test_a_fully_accepted_draft_costs_the_minimum_and_a_rejected_one_the_baselin
     assert ended_with_eos > 0
 
 
+def test_the_answer_end_is_decoded_as_the_paper_counts_refusion(toy):
+    """draft_end=decode: a fully accepted draft is judged without its EOS, and the end is decoded by a
+    plan and a verify forward: 3 residual forwards at least (the paper's floor on ReFusion-8B)."""
+    loaded, prompts = toy
+    settings = replace(TOY_SETTINGS, draft_end="decode")
+    accept_all, reference = toy_engine(loaded, "threshold:0", settings), toy_reference(loaded)
+    assert accept_all.min_residual_forwards == 3
+    at_floor = 0
+    for request_prompts in prompts:
+        prompt = request_prompts[-1]
+        baseline = accept_all.baseline(prompt)
+        if baseline.answer[-1] != TOY_EOS:
+            continue
+        state = accept_all.new_state()
+        state.draft = baseline.answer
+        result = accept_all.update(state, prompt, PHASES)
+        text = baseline.answer[:-1]
+        assert result.accepted == result.draft_length == len(text)
+        before = reference.forwards
+        assert result.answer == text + reference.decode(prompt, text)
+        assert result.forwards == 1 + reference.forwards - before >= 3
+        at_floor += result.forwards == 3
+    assert at_floor > 0
+
+
 def test_draft_in_context_decodes_after_the_prompt_and_the_draft(toy):
     """The draft-refinement layout (train/refusion_objective.py): prompt | draft without its EOS |
-    answer. Verification and infill both see the draft; an empty draft is the baseline."""
+    answer, while the answer is decoded. The verification pass judges the draft after the prompt
+    alone: no position that judges a draft token can see that token. An empty draft is the baseline."""
     loaded, prompts = toy
     refining = replace(TOY_SETTINGS, draft_in_context=True)
     plain, reference = toy_engine(loaded), toy_reference(loaded)
@@ -237,14 +268,18 @@ def test_draft_in_context_decodes_after_the_prompt_and_the_draft(toy):
         context = prompt + (draft[:-1] if draft[-1] == TOY_EOS else draft)
         stripped_eos += draft[-1] == TOY_EOS
         for acceptance in ("threshold:1", "greedy", "threshold:0.00001"):
-            engine = toy_engine(loaded, acceptance, refining)
+            engine, without_context = toy_engine(loaded, acceptance, refining), toy_engine(loaded, acceptance)
             state = engine.new_state()
             state.draft = draft
             result = engine.update(state, prompt, PHASES)
+            # The same verdicts as an engine that never puts the draft in context.
+            assert result.accepted == without_context.rule.accepted_length(
+                without_context.verify_draft(without_context.new_state(), prompt, draft, None), draft)
             kept = draft[: result.accepted]
             before = reference.forwards
-            assert result.answer == kept + reference.decode(context, kept)
-            assert result.forwards == 1 + reference.forwards - before
+            if not engine.finished(kept):
+                assert result.answer == kept + reference.decode(context, kept)
+                assert result.forwards == 1 + reference.forwards - before
             if acceptance == "threshold:1":  # no draft token has probability exactly 1 here: nothing kept
                 assert result.accepted == 0
             partial += 0 < result.accepted < len(draft)
@@ -279,9 +314,14 @@ def test_runner_with_engine_refusion_writes_records_and_resumes(tiny_refusion_di
     lines = (tmp_path / "results.jsonl").read_text().splitlines()
     record = json.loads(lines[0])
     assert len(lines) == 2 and summary["requests"] == 2
-    assert record["engine"] == "refusion" and record["min_residual_forwards"] == 1
+    assert record["engine"] == "refusion" and record["min_residual_forwards"] == 3  # draft_end=decode, the default
     assert 1 <= record["residual_forwards"] and 1 <= record["baseline_forwards"]
-    assert "minimum_cost_share" in json.loads((tmp_path / "summary.json").read_text())
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert "minimum_cost_share" in written and written["residual_floor"] == 3
+    records = read_jsonl(tmp_path / "results.jsonl")
+    bound = statistics.median(r["baseline_forwards"] / 3 for r in records)
+    assert written["floor_bound_median"] == pytest.approx(bound)
+    assert written["floor_bound_share"] == pytest.approx(written["speedup_forwards_median"] / bound)
     summary = run_evaluation(EvalConfig(**settings, limit=3))
     assert (tmp_path / "results.jsonl").read_text().splitlines()[:2] == lines
     assert len(read_jsonl(tmp_path / "results.jsonl")) == 3 == summary["requests"]

@@ -104,6 +104,19 @@ def keep_cache_positions(cache: DynamicCache, positions: list[int]) -> None:
         layer.values = layer.values.index_select(-2, index)
 
 
+def append_to_cache(cache: DynamicCache, layer_states: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Append KV states computed elsewhere (another batch row, say) after each layer's cached entries.
+
+    Args:
+        cache (DynamicCache): the KV cache, one batch row.
+        layer_states (list[tuple[torch.Tensor, torch.Tensor]]): per layer, (keys, values) of shape
+            (1, heads, entries, head_dim).
+    """
+    for layer, (keys, values) in zip(cache.layers, layer_states, strict=True):
+        layer.keys = torch.cat([layer.keys, keys], dim=-2)
+        layer.values = torch.cat([layer.values, values], dim=-2)
+
+
 def set_cache_batch(cache: DynamicCache, rows: int) -> None:
     """Give the cache `rows` identical batch rows (it holds one shared context).
 

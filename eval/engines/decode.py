@@ -23,8 +23,11 @@ TIMING_MODES = ("sync", "events")
 # Settings that change the numbers, beyond acceptance, max_new_tokens and regenerate.
 LOOKUP_KEYS = ("lookup_match", "lookup_ngram", "lookup_min_ngram", "lookup_block", "lookup_max_block", "lookup_tree",
                "lookup_realign", "lookup_occurrence")
+INFILL_KV_MODES = ("splice", "refeed")
+DRAFT_END_MODES = ("decode", "verify")
 DIFFUSION_KEYS = {
-    "refusion": ("engine", "slot_size", "serial_blocks", "slot_threshold", "token_threshold", "draft_in_context"),
+    "refusion": ("engine", "slot_size", "serial_blocks", "slot_threshold", "token_threshold", "draft_in_context",
+                 "infill_kv", "draft_end"),
     "bidirectional": ("engine", "diffusion_steps"),
 }
 
@@ -120,8 +123,20 @@ class DecodeSpec:
     )
     draft_in_context: bool = field(
         default=False,
-        metadata={"help": "refusion: the held draft also precedes the answer as context (models trained on draft-refinement "
-                          "rows)."},
+        metadata={"help": "refusion: the held draft also precedes the answer as context while it is decoded (models trained "
+                          "on draft-refinement rows); the verification pass never sees it."},
+    )
+    infill_kv: str = field(
+        default="splice",
+        metadata={"help": "refusion: 'splice' (upstream's generate: each infilled slot keeps the KV of its own batch row, so "
+                          "slots infilled together never see each other) or 'refeed' (an earlier headstart variant: infilled "
+                          "tokens are fed again, in order, at the next forward)."},
+    )
+    draft_end: str = field(
+        default="decode",
+        metadata={"help": "refusion: 'decode' (the held draft is verified without its EOS, so the answer's end is always "
+                          "decoded: 3 residual forwards at least, as the paper counts ReFusion-8B) or 'verify' (a fully "
+                          "accepted draft ends with its EOS: 1 forward at least)."},
     )
     diffusion_steps: int = field(
         default=64,
@@ -161,6 +176,10 @@ class DecodeSpec:
             raise ValueError(f"decode.lookup_occurrence must be one of {', '.join(OCCURRENCES)}, not {self.lookup_occurrence!r}")
         if self.slot_size < 1 or self.serial_blocks < 1 or self.diffusion_steps < 1:
             raise ValueError("decode.slot_size, decode.serial_blocks and decode.diffusion_steps must be >= 1")
+        if self.infill_kv not in INFILL_KV_MODES:
+            raise ValueError(f"decode.infill_kv must be one of {', '.join(INFILL_KV_MODES)}, not {self.infill_kv!r}")
+        if self.draft_end not in DRAFT_END_MODES:
+            raise ValueError(f"decode.draft_end must be one of {', '.join(DRAFT_END_MODES)}, not {self.draft_end!r}")
         if self.timing not in TIMING_MODES:
             raise ValueError(f"decode.timing must be one of {', '.join(TIMING_MODES)}, not {self.timing!r}")
         if self.lookup_choice not in CHOICES:

@@ -13,13 +13,23 @@ grid of fixed-width slots with fixed true positions, decoded in any slot order:
    position order; a leading run covering whole slots (or an EOS) is committed
    with the KV it just produced;
 3. otherwise infill: each chosen slot is completed in its own batch row by
-   predict (masks after the accepted prefix) / verify (causal) rounds.
+   predict (masks after the accepted prefix) / verify (causal) rounds, and each
+   row's KV is spliced into the cache as its own row computed it, so slots
+   infilled together never see each other (`decode.infill_kv=splice`, upstream's
+   `generate_refusion`; `refeed` feeds them again instead, an earlier variant).
 
 The model always runs with explicit position ids and ordinary causal attention
 over the fed order, so the context is the prompt and then the committed tokens
 in COMMIT order, each at its true position; sorting them by position gives the
 answer. Committed tokens not yet in the KV cache are "pending": they are fed at
 the start of the next forward, never in a forward of their own.
+
+Streaming (`update`): the held draft is verified in one causal forward after the
+prompt alone, so no draft token is ever visible to the position that judges it
+(with `draft_in_context`, the draft precedes the answer only while it is decoded).
+With `draft_end=decode` the draft is judged without its EOS, so the answer's end
+is decoded by at least one plan and one verify forward: 3 residual forwards at
+least, the floor the paper reports for ReFusion-8B.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from eval.engines.base import StreamingEngine, UpdateResult, crop_cache, new_cache, set_cache_batch
+from eval.engines.base import StreamingEngine, UpdateResult, append_to_cache, crop_cache, new_cache, set_cache_batch
 from eval.engines.decode import DecodeSpec
 from eval.engines.tokens import common_prefix_length, leading_run
 
@@ -75,6 +85,8 @@ class RefusionEngine(StreamingEngine):
         # an accepted prefix uses the same width (fewer blocks).
         full_slots = math.ceil(decode.max_new_tokens / decode.slot_size)
         self.block_slots = math.ceil(full_slots / min(decode.serial_blocks, full_slots))
+        # The verify pass, then the plan and verify forwards that decode the answer's end.
+        self.min_residual_forwards = 3 if decode.draft_end == "decode" else 1
 
     def new_state(self) -> SlotState:
         return SlotState(cache=new_cache(self.model))
@@ -148,8 +160,8 @@ class RefusionEngine(StreamingEngine):
     # ---------------------------------------------------------------- streaming
 
     def update(self, state: SlotState, prompt_ids: list[int], phases: tuple[str, str]) -> UpdateResult:
-        """Verify the held draft in one causal forward, keep its accepted leading run,
-        blank the rest and infill it. With no draft this IS the baseline decode.
+        """Verify the held draft in one causal forward after the prompt, keep its accepted
+        leading run, blank the rest and infill it. With no draft this IS the baseline decode.
 
         Args:
             state (SlotState): the request's decoding state.
@@ -158,21 +170,27 @@ class RefusionEngine(StreamingEngine):
         """
         verify_phase, regenerate_phase = phases
         clock, calls_before = self.stopwatch(), sum(self.forwards.values())
-        draft = state.draft
-        context = prompt_ids + self._draft_context(draft)
+        judged = self._judged(state.draft)
         accepted = 0
-        if draft:
-            logits = self.verify_draft(state, context, draft, verify_phase)
-            accepted = self.rule.accepted_length(logits, draft)
-        answer = draft[:accepted]
+        if judged:
+            logits = self.verify_draft(state, prompt_ids, judged, verify_phase)
+            accepted = self.rule.accepted_length(logits, judged)
+        answer = judged[:accepted]
         if not self.finished(answer):
+            context = prompt_ids + self._draft_context(state.draft)
             answer = answer + self.decode(state, context, answer, regenerate_phase)
         state.draft = answer
-        return self._result(answer, draft, accepted, calls_before, clock)
+        return self._result(answer, judged, accepted, calls_before, clock)
+
+    def _judged(self, draft: list[int]) -> list[int]:
+        """The draft tokens the verify pass judges: all, or (draft_end=decode) all but a final EOS."""
+        if self.spec.draft_end == "decode" and draft and draft[-1] in self.eos_token_ids:
+            return draft[:-1]
+        return list(draft)
 
     def _draft_context(self, draft: list[int]) -> list[int]:
-        """What precedes the answer besides the prompt: nothing, or (draft_in_context)
-        the draft as training saw it, text without the EOS that ended it."""
+        """What precedes the answer besides the prompt while it is decoded: nothing, or
+        (draft_in_context) the draft as training saw it, text without the EOS that ended it."""
         if not self.spec.draft_in_context:
             return []
         return draft[:-1] if draft and draft[-1] in self.eos_token_ids else list(draft)
@@ -245,10 +263,13 @@ class RefusionEngine(StreamingEngine):
             return chosen[: math.ceil(keep / size)]
         self.crop(state, context_length)
         accepted = [leading_run(passes[i * size : (i + 1) * size]) for i in range(len(chosen))]  # each >= 1
-        rows = self._infill(state, drafts, chosen, accepted, phase)
-        for row, start in zip(rows, chosen):
-            # Their KV from the infill rows did not see the other rows: fed again, as pending.
-            run.commit(row, self._slot_positions(start)[: len(row)], cached=False, eos=self.eos_token_ids)
+        rows, row_kv = self._infill(state, drafts, chosen, accepted, phase)
+        pairs = [(t, p) for row, start in zip(rows, chosen) for t, p in zip(row, self._slot_positions(start))]
+        splice = self.spec.infill_kv == "splice"
+        if splice:  # each row's own KV, in slot order: the rows never see one another
+            append_to_cache(state.cache, [self._row_states(layer, [len(r) for r in rows]) for layer in row_kv])
+            state.cached.extend(pairs)
+        run.commit([t for t, _ in pairs], [p for _, p in pairs], cached=splice, eos=self.eos_token_ids)
         return chosen
 
     def _plan(
@@ -284,44 +305,55 @@ class RefusionEngine(StreamingEngine):
 
     def _infill(
         self, state: SlotState, drafts: list[list[int]], chosen: list[int], accepted: list[int], phase: str
-    ) -> list[list[int]]:
+    ) -> tuple[list[list[int]], list[tuple[torch.Tensor, torch.Tensor]]]:
         """Complete each chosen slot in its own batch row over the shared context:
         predict the unaccepted tokens (masks), re-judge them causally, grow each
         accepted prefix by its leading passing run and at least one token. A row whose
-        accepted prefix holds an EOS ends there, and the rows after it are dropped."""
+        accepted prefix holds an EOS ends there, and the rows after it are dropped.
+        Every round feeds every row, finished ones too (as upstream does): the last
+        verify forward holds each row's KV over its final tokens, returned per layer
+        as (keys, values) of shape (rows, heads, slot_size, head_dim)."""
         size, context_length = self.spec.slot_size, len(state.cached)
         rows = [list(d) for d in drafts]
         positions = torch.tensor([self._slot_positions(start) for start in chosen])
-        rows, accepted = self._cut_at_eos(rows, accepted)
-        cache = state.cache
-        while True:
-            live = [i for i in range(len(rows)) if accepted[i] < size]
-            if not live:
-                break
-            set_cache_batch(cache, len(live))
-            masked = torch.tensor([rows[i][: accepted[i]] + [self.mask_token_id] * (size - accepted[i]) for i in live])
-            predicted = self.run(cache, masked, positions[live], phase, keep=size).argmax(dim=-1)
+        ends = [size] * len(rows)  # tokens each row commits: all, or up to its EOS
+        rows, accepted, ends = self._cut_at_eos(rows, accepted, ends)
+        cache, row_kv = state.cache, []
+        while any(a < size for a in accepted):
+            count = len(rows)
+            set_cache_batch(cache, count)
+            masked = torch.tensor([row[:a] + [self.mask_token_id] * (size - a) for row, a in zip(rows, accepted)])
+            predicted = self.run(cache, masked, positions[:count], phase, keep=size).argmax(dim=-1)
             cache.crop(-size)
-            for row, i in enumerate(live):
-                rows[i][accepted[i] :] = predicted[row, accepted[i] :].tolist()
-            filled = torch.tensor([rows[i] for i in live])
-            passes = self._causal_passes(self.run(cache, filled, positions[live], phase, keep=size), filled)
+            for i in range(count):
+                rows[i][accepted[i] :] = predicted[i, accepted[i] :].tolist()
+            filled = torch.tensor(rows)
+            passes = self._causal_passes(self.run(cache, filled, positions[:count], phase, keep=size), filled)
+            row_kv = [(layer.keys[:, :, -size:], layer.values[:, :, -size:]) for layer in cache.layers]
             cache.crop(-size)
-            for row, i in enumerate(live):
-                # The first unaccepted token always passes, so every round makes progress.
-                accepted[i] += 1 + leading_run(passes[row, accepted[i] + 1 :].tolist())
-            rows, accepted = self._cut_at_eos(rows, accepted)
+            for i in range(count):
+                if accepted[i] < size:  # the first unaccepted token always passes: every round makes progress
+                    accepted[i] += 1 + leading_run(passes[i, accepted[i] + 1 :].tolist())
+            rows, accepted, ends = self._cut_at_eos(rows, accepted, ends)
         set_cache_batch(cache, 1)
         assert cache.get_seq_length() == context_length
-        return rows
+        return [row[:end] for row, end in zip(rows, ends)], row_kv
 
-    def _cut_at_eos(self, rows: list[list[int]], accepted: list[int]) -> tuple[list[list[int]], list[int]]:
-        """Truncate at the first EOS inside an accepted prefix; drop the rows after it."""
+    @staticmethod
+    def _row_states(layer_kv: tuple[torch.Tensor, torch.Tensor], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's infill KV, rows laid end to end (the first `lengths[i]` entries of row i): (1, heads, sum, dim)."""
+        return tuple(torch.cat([states[i, :, :n] for i, n in enumerate(lengths)], dim=-2)[None] for states in layer_kv)
+
+    def _cut_at_eos(
+        self, rows: list[list[int]], accepted: list[int], ends: list[int]
+    ) -> tuple[list[list[int]], list[int], list[int]]:
+        """End the first row whose accepted prefix holds an EOS there (its tokens stay, for
+        the batch; `ends` says where it stops) and drop the rows after it."""
         for i, (row, length) in enumerate(zip(rows, accepted)):
             eos_at = next((j for j in range(length) if row[j] in self.eos_token_ids), None)
             if eos_at is not None:
-                return rows[:i] + [row[: eos_at + 1]], accepted[:i] + [self.spec.slot_size]
-        return rows, accepted
+                return rows[: i + 1], accepted[:i] + [self.spec.slot_size], ends[:i] + [eos_at + 1]
+        return rows, accepted, ends
 
     def _causal_passes(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """(batch, width) booleans: token j > 0 passes when the probability the
