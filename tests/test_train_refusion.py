@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
+from collections import defaultdict
+from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from datasets import Dataset, DatasetDict
 from safetensors.torch import load_file
 from test_train_support import ONE_PROCESS, humaneval_dialogues, launch, step_losses, tiny_overrides
@@ -17,8 +21,9 @@ from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, detect_family, render_p
 from headstart.refusion import MASK_TOKEN, mask_token_id
 from headstart.run_dir import MARK
 from train.config import RecipeValueError
-from train.refusion_objective import RefusionCollator, SlotDraw, draw_slots, lay_out, refusion_loss
+from train.refusion_objective import RefusionCollator, RefusionTrainer, SlotDraw, draw_slots, lay_out, refusion_loss
 from train.sft import parse_recipe
+from train.splits import load_data, training_family
 from train.tokenization import IGNORE_INDEX, tokenize_dataset
 
 X = IGNORE_INDEX
@@ -27,14 +32,14 @@ MASK, PAD = 99, 0
 # Two hand-worked examples. (1) prompt 11 12 13, answer 21..27 (A = 7), slots of 3:
 # s0 = 21 22 23 (positions 3-5), s1 = 24 25 26 (6-8), s2 = 27 (9); s1 masked with p = 0.5,
 # clean slots laid out as s2 then s0. Clean targets: 22 and 23 (s2 has one token, so none):
-# weight 1/2 each; each masked token weighs 1 / (p A) = 2/7.
+# weight 1 each (a clean target's term); each masked token weighs 1 / (p A) = 2/7.
 FIRST = {"prompt_ids": [11, 12, 13], "draft_ids": [], "answer_ids": [21, 22, 23, 24, 25, 26, 27]}
 FIRST_DRAW = SlotDraw(slot_size=3, p=0.5, masked=(False, True, False), clean_order=(2, 0))
 FIRST_LAID_OUT = {
     "input_ids": [11, 12, 13, 27, 21, 22, 23, MASK, MASK, MASK],
     "position_ids": [0, 1, 2, 9, 3, 4, 5, 6, 7, 8],
     "labels": [X, X, X, X, 22, 23, X, 24, 25, 26],
-    "loss_weights": [0, 0, 0, 0, 1 / 2, 1 / 2, 0, 2 / 7, 2 / 7, 2 / 7],
+    "loss_weights": [0, 0, 0, 0, 1, 1, 0, 2 / 7, 2 / 7, 2 / 7],
 }
 # (2) prompt 11, draft 31 32 (committed: positions 1-2, no target), answer 21..24 (A = 4) at
 # positions 3-6, slots of 2: s0 = 21 22 masked with p = 0.25 (weight 1 / (0.25 x 4) = 1), s1 clean.
@@ -63,7 +68,7 @@ def test_layout_labels_positions_and_weights_by_hand():
         assert row["loss_weights"] == pytest.approx(expected["loss_weights"])
 
 
-def test_collator_pads_a_batch(monkeypatch):
+def test_collator_pads_a_batch_and_weighs_each_target_by_its_share_of_the_loss(monkeypatch):
     _fixed_draws(monkeypatch, FIRST_DRAW, SECOND_DRAW)
     batch = RefusionCollator(mask_token_id=MASK, pad_token_id=PAD)([FIRST, SECOND])
     pad = 3
@@ -76,10 +81,11 @@ def test_collator_pads_a_batch(monkeypatch):
     assert set(batch) == {*expected, "loss_weights"}
     for key, value in expected.items():
         assert batch[key].tolist() == value, key
-    torch.testing.assert_close(
-        batch["loss_weights"],
-        torch.tensor([FIRST_LAID_OUT["loss_weights"], SECOND_LAID_OUT["loss_weights"] + [0.0] * pad]),
-    )
+    # The default (upstream's): the batch's 3 clean targets share the clean mean, 1/3 each; a masked
+    # token's 1 / (p A) is divided by the 2 examples.
+    third = 1 / 3
+    expected_shares = [[0, 0, 0, 0, third, third, 0, 1 / 7, 1 / 7, 1 / 7], [0, 0, 0, third, 0, 1 / 2, 1 / 2] + [0.0] * pad]
+    torch.testing.assert_close(batch["loss_weights"], torch.tensor(expected_shares))
 
 
 def test_collator_cuts_to_max_length_from_the_end(monkeypatch):
@@ -110,9 +116,10 @@ def test_draws_are_seeded_and_cover_every_answer_token():
     assert {d.slot_size for d in draws} == {4, 8} and all(0.1 <= d.p <= 1 for d in draws)
 
 
-def test_loss_equals_a_direct_computation(monkeypatch):
+def test_per_example_loss_equals_a_direct_computation(monkeypatch):
+    """`refusion.clean_average: example`, headstart's earlier form, worked per example by hand."""
     _fixed_draws(monkeypatch, FIRST_DRAW, SECOND_DRAW)
-    batch = RefusionCollator(mask_token_id=MASK, pad_token_id=PAD)([FIRST, SECOND])
+    batch = RefusionCollator(mask_token_id=MASK, pad_token_id=PAD, clean_average="example")([FIRST, SECOND])
     logits = torch.randn(2, 10, 100, generator=torch.Generator().manual_seed(0))
 
     def ce(b: int, j: int, target: int) -> float:
@@ -133,6 +140,85 @@ def test_loss_equals_a_direct_computation(monkeypatch):
     expected = sum(per_example) / len(per_example)
     actual = refusion_loss(logits, batch["labels"], batch["loss_weights"])
     assert actual.item() == pytest.approx(expected, rel=1e-5)
+
+
+# Four examples of different prompt, draft and answer lengths and different draws: (3) answer of
+# 12 tokens in slots of 4, the first masked (p = 0.8), the others clean; (4) answer of 5 tokens
+# in slots of 2, all masked (p = 0.9): no clean target.
+THIRD = {"prompt_ids": [11, 12], "draft_ids": [], "answer_ids": list(range(40, 52))}
+THIRD_DRAW = SlotDraw(slot_size=4, p=0.8, masked=(True, False, False), clean_order=(2, 1))
+FOURTH = {"prompt_ids": [14], "draft_ids": [], "answer_ids": [61, 62, 63, 64, 65]}
+FOURTH_DRAW = SlotDraw(slot_size=2, p=0.9, masked=(True, True, True), clean_order=())
+MIXED = [FIRST, SECOND, THIRD, FOURTH]
+MIXED_DRAWS = (FIRST_DRAW, SECOND_DRAW, THIRD_DRAW, FOURTH_DRAW)
+
+
+def _trainer_loss(batch: dict[str, torch.Tensor], logits: torch.Tensor) -> tuple[float, dict[str, float]]:
+    """`RefusionTrainer.compute_loss` on `batch` with a model that returns `logits`: the loss and
+    the logged parts."""
+    trainer = SimpleNamespace(
+        data_collator=SimpleNamespace(mask_token_id=MASK), model=SimpleNamespace(training=True),
+        _metrics={"train": defaultdict(list)}, accelerator=SimpleNamespace(gather_for_metrics=lambda value: value),
+    )
+    model = lambda **inputs: SimpleNamespace(logits=logits)  # noqa: E731
+    loss = RefusionTrainer.compute_loss(trainer, model, dict(batch))
+    return loss.item(), {name: values[-1] for name, values in trainer._metrics["train"].items()}
+
+
+def _upstream_parts(batch: dict[str, torch.Tensor], logits: torch.Tensor, p: list[float], lengths: list[int]):
+    """ML-GSAI/ReFusion's loss, as its `Qwen3ForCausalLM.forward` writes it: cross-entropy mean over
+    every non-masked position's target (the prompt's and a slot's last token have none), plus the
+    masked tokens' CE / p / A summed and divided by the examples."""
+    flat, labels = logits.flatten(0, 1), batch["labels"].flatten()
+    masked = (batch["input_ids"] == MASK).flatten()
+    width = batch["labels"].shape[1]
+    p_mask = torch.tensor(p).repeat_interleave(width)
+    answer_lengths = torch.tensor(lengths, dtype=torch.float32).repeat_interleave(width)
+    ar = F.cross_entropy(flat[~masked], labels[~masked], ignore_index=IGNORE_INDEX, reduction="mean")
+    mdm = F.cross_entropy(flat[masked], labels[masked], ignore_index=IGNORE_INDEX, reduction="none") / p_mask[masked]
+    return ar.item(), (mdm / answer_lengths[masked]).sum().item() / len(lengths)
+
+
+def _per_example(batch: dict[str, torch.Tensor], logits: torch.Tensor, p: list[float], lengths: list[int]) -> float:
+    """headstart's earlier loss: per example, mean CE over its clean targets (0 without any) + sum
+    of CE / p over its masked tokens / A; then the mean over the examples."""
+    total = 0.0
+    for b in range(len(lengths)):
+        labels, masked = batch["labels"][b], batch["input_ids"][b] == MASK
+        ce = F.cross_entropy(logits[b], labels, ignore_index=IGNORE_INDEX, reduction="none")
+        clean = (labels != IGNORE_INDEX) & ~masked
+        total += (ce[clean].mean().item() if clean.any() else 0.0) + ce[masked].sum().item() / p[b] / lengths[b]
+    return total / len(lengths)
+
+
+def test_default_loss_is_upstreams_and_example_is_the_per_example_mean(monkeypatch):
+    p, lengths = [d.p for d in MIXED_DRAWS], [len(e["answer_ids"]) for e in MIXED]
+    losses = {}
+    for clean_average in ("batch", "example"):
+        _fixed_draws(monkeypatch, *MIXED_DRAWS)
+        collator = RefusionCollator(mask_token_id=MASK, pad_token_id=PAD, clean_average=clean_average)
+        batch = collator(MIXED)
+        logits = torch.randn(*batch["input_ids"].shape, 100, generator=torch.Generator().manual_seed(1))
+        loss, parts = _trainer_loss(batch, logits)
+        assert refusion_loss(logits, batch["labels"], batch["loss_weights"]).item() == pytest.approx(loss, rel=1e-6)
+        assert parts["clean_loss"] + parts["masked_loss"] == pytest.approx(loss, rel=1e-6)
+        if clean_average == "batch":
+            ar, mdm = _upstream_parts(batch, logits, p, lengths)
+            assert loss == pytest.approx(ar + mdm, rel=1e-5)
+            assert (parts["clean_loss"], parts["masked_loss"]) == pytest.approx((ar, mdm), rel=1e-5)
+        else:
+            assert loss == pytest.approx(_per_example(batch, logits, p, lengths), rel=1e-5)
+        losses[clean_average] = loss
+    assert abs(losses["batch"] - losses["example"]) > 0.1, losses  # the batch tells the two apart
+
+
+def test_a_batch_without_clean_targets_has_a_zero_clean_term(monkeypatch):
+    """Upstream's clean mean is NaN there (a mean over nothing); ours is 0, the masked term alone."""
+    _fixed_draws(monkeypatch, FOURTH_DRAW)
+    batch = RefusionCollator(mask_token_id=MASK, pad_token_id=PAD)([FOURTH])
+    logits = torch.randn(*batch["input_ids"].shape, 100, generator=torch.Generator().manual_seed(2))
+    loss, parts = _trainer_loss(batch, logits)
+    assert parts["clean_loss"] == 0 and loss == pytest.approx(_upstream_parts(batch, logits, [0.9], [5])[1], rel=1e-5)
 
 
 @pytest.fixture()
@@ -203,6 +289,8 @@ def test_a_few_steps_lower_the_loss(tiny_refusion):
         ("refusion.eps=1.5", "refusion.eps"),
         ("training.packing=true", "training.packing"),
         ("training.dataloader_num_workers=2", "training.dataloader_num_workers"),
+        ("refusion.clean_average=mean", "refusion.clean_average 'mean': use batch or example"),
+        ("refusion.over_long=truncate", "refusion.over_long 'truncate': use skip or cut"),
     ],
 )
 def test_bad_refusion_setting_names_the_key(override, key):
@@ -210,11 +298,19 @@ def test_bad_refusion_setting_names_the_key(override, key):
         parse_recipe(["recipe=smollm2_refusion", override])
 
 
+def test_refusion_defaults_follow_upstream():
+    recipe, _ = parse_recipe(["recipe=smollm2_refusion"])
+    assert (recipe.refusion.clean_average, recipe.refusion.over_long) == ("batch", "skip")
+    assert parse_recipe(["recipe=smollm2_refusion", "refusion.clean_average=example", "refusion.over_long=cut"])[0].refusion \
+        == type(recipe.refusion)(clean_average="example", over_long="cut")
+
+
 def test_refusion_recipes_parse():
     for name in ("refusion_prefix_to_answer", "refusion_draft_refinement", "smollm2_refusion"):
         recipe, _ = parse_recipe([f"recipe={name}"])
         assert recipe.objective == "refusion" and list(recipe.refusion.slot_sizes) == [4, 8, 16, 32]
         assert recipe.lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj"]
+        assert recipe.data.system_message == "none"  # upstream's prompt: the user turn alone
 
 
 def _refusion_rows(n: int) -> list[dict]:
@@ -239,6 +335,47 @@ def test_refusion_rows_tokenize_into_prompt_draft_and_answer(tiny_tokenizer):
         assert tiny_tokenizer.decode(example["answer_ids"]) == row["response"] + "<|im_end|>\n"
     with pytest.raises(ValueError, match="objective: refusion"):
         tokenize_dataset(Dataset.from_list(rows), tiny_tokenizer, family, "incomplete_request")
+
+
+def _refusion_recipe(data, model_dir, *overrides: str):
+    return parse_recipe(["recipe=smollm2_refusion", f"model.name_or_path={model_dir}", f"data.path={data}",
+                         "training.eval_steps=0", *overrides])[0]
+
+
+def _load_refusion_data(data, model_dir, tokenizer, *overrides: str):
+    """The training split as train/sft.py tokenizes it (one process; no system turn, the recipe's)."""
+    state = SimpleNamespace(main_process_first=contextlib.nullcontext, is_main_process=True)
+    train, _, _ = load_data(_refusion_recipe(data, model_dir, *overrides), tokenizer, state, None)
+    return train
+
+
+def test_over_long_rows_are_skipped_whole_or_cut(tmp_path, tiny_qwen3_dir, tiny_tokenizer, capsys):
+    rows = _refusion_rows(12)
+    data = tmp_path / "data"
+    DatasetDict({"train": Dataset.from_list(rows)}).save_to_disk(str(data))
+    family = training_family(tiny_tokenizer, _refusion_recipe(data, tiny_qwen3_dir))
+    full = tokenize_dataset(Dataset.from_list(rows), tiny_tokenizer, family, None, "refusion")
+    lengths = [len(r["prompt_ids"]) + len(r["draft_ids"]) + len(r["answer_ids"]) for r in full]
+    limit = sorted(lengths)[len(lengths) // 2]  # about half the rows are longer
+    fitting = [k for k, n in enumerate(lengths) if n <= limit]
+    assert 0 < len(fitting) < len(rows)
+
+    skipped = _load_refusion_data(data, tiny_qwen3_dir, tiny_tokenizer, f"training.max_length={limit}")
+    assert skipped.to_list() == [full[k] for k in fitting]  # exactly the rows that fit, untouched
+    eos = tiny_tokenizer.eos_token_id
+    assert all(eos in row["answer_ids"][-2:] for row in skipped)  # each answer whole, to its EOS (ChatML: then "\n")
+    assert f"dropped {len(rows) - len(fitting)} of the {len(rows)} train rows" in capsys.readouterr().out
+
+    cut = _load_refusion_data(data, tiny_qwen3_dir, tiny_tokenizer, f"training.max_length={limit}",
+                              "refusion.over_long=cut")
+    assert cut.to_list() == full.to_list()  # every row kept; the collator cuts the long ones
+    collator = RefusionCollator(MASK, PAD, max_length=limit)
+    long = next(k for k, n in enumerate(lengths) if n > limit > n - len(full[k]["answer_ids"]))  # its answer crosses it
+    answer, whole = collator.cut(cut[long])[2], full[long]["answer_ids"]
+    assert 0 < len(answer) < len(whole) and answer == whole[: len(answer)] and eos not in answer  # the end is lost
+
+    with pytest.raises(ValueError, match="no train row fits training.max_length=3"):
+        _load_refusion_data(data, tiny_qwen3_dir, tiny_tokenizer, "training.max_length=3")
 
 
 def test_objective_refusion_through_sft_trains_tokens_resumes_and_saves_loadable_models(tmp_path, tiny_qwen3_dir):

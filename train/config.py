@@ -24,6 +24,9 @@ TRACKERS = ("tensorboard", "wandb", "none")
 DIVERGENCES = ("forward", "reverse")
 # TRL SDFTConfig.distillation_mode values.
 SDFT_MODES = ("topk_logits", "full_logits", "sampled_token")
+# RefusionSection.clean_average and .over_long values (train/refusion_objective.py, train/splits.py).
+CLEAN_AVERAGES = ("batch", "example")
+OVER_LONG = ("skip", "cut")
 
 
 @dataclass
@@ -110,6 +113,16 @@ class RefusionSection:
     )
     eps: float = field(
         default=1e-3, metadata={"help": "lowest slot-masking probability: p = (1 - eps) t + eps, t ~ U(0, 1); in (0, 1)"}
+    )
+    clean_average: str = field(
+        default="batch",
+        metadata={"help": "clean (autoregressive) loss term: batch (upstream: mean over the micro-batch's clean targets) or "
+                          "example (headstart's earlier per-example mean, each example weighing the same)"},
+    )
+    over_long: str = field(
+        default="skip",
+        metadata={"help": "rows whose prompt + draft + answer exceed training.max_length: skip (upstream: dropped before "
+                          "training, the count printed) or cut (cut from the end, losing the answer's end)"},
     )
 
 

@@ -54,6 +54,7 @@ def refusion_collator(recipe: TrainRecipe, tokenizer, process_index: int) -> Ref
         eps=recipe.refusion.eps,
         max_length=recipe.training["max_length"],
         seed=recipe.training["seed"] + process_index,
+        clean_average=recipe.refusion.clean_average,
     )
 
 

@@ -21,7 +21,17 @@ from packaging.version import Version
 from headstart.config import load_config
 from headstart.devices import gpu_requests
 from headstart.prompts import canonical_system_setting, check_prompt_format
-from train.config import DIVERGENCES, OBJECTIVES, SDFT_MODES, TRACKERS, RecipeValueError, SdftSection, TrainRecipe
+from train.config import (
+    CLEAN_AVERAGES,
+    DIVERGENCES,
+    OBJECTIVES,
+    OVER_LONG,
+    SDFT_MODES,
+    TRACKERS,
+    RecipeValueError,
+    SdftSection,
+    TrainRecipe,
+)
 from train.sft_config import check_training_section
 
 DEFAULT_RECIPE = "smollm2_prefix"
@@ -141,8 +151,9 @@ def own_batches(recipe: TrainRecipe, why: str) -> None:
 
 
 def validate_refusion(recipe: TrainRecipe) -> None:
-    """Slot sizes and eps are checked whatever the objective (the defaults pass). The layout needs
-    its own collator, run in the main process, where it counts the batches it lays out.
+    """Slot sizes, eps, clean_average and over_long are checked whatever the objective (the defaults
+    pass). The layout needs its own collator, run in the main process, where it counts the batches
+    it lays out.
 
     Args:
         recipe (TrainRecipe): the recipe to check.
@@ -151,6 +162,9 @@ def validate_refusion(recipe: TrainRecipe) -> None:
     require(bool(r.slot_sizes) and all(size >= 1 for size in r.slot_sizes),
             f"refusion.slot_sizes must be a non-empty list of sizes >= 1, got {list(r.slot_sizes)}")
     require(0 < r.eps < 1, f"refusion.eps must be in (0, 1), got {r.eps}")
+    require(r.clean_average in CLEAN_AVERAGES,
+            f"refusion.clean_average {r.clean_average!r}: use {' or '.join(CLEAN_AVERAGES)}")
+    require(r.over_long in OVER_LONG, f"refusion.over_long {r.over_long!r}: use {' or '.join(OVER_LONG)}")
     if recipe.objective == "refusion":
         own_batches(recipe, "lays out and pads its own batches")
         require(not recipe.training.get("dataloader_num_workers"),

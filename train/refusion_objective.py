@@ -13,15 +13,25 @@ learns two things at once:
   nothing): autoregressive decoding of a slot, given any subset of the other slots;
 - a mask token predicts its own original token: parallel infilling of masked slots.
 
-Loss of one example, with A its answer length (in tokens, the draft not counted):
+Loss of a micro-batch, by default as upstream computes it (ML-GSAI/ReFusion,
+`Qwen3ForCausalLM.forward`), with A an example's answer length (in tokens, the draft not
+counted) and B the micro-batch's examples that have an answer:
 
-    mean CE over its clean targets  +  (sum over its masked tokens of CE / p) / A
+    mean CE over all clean targets of the micro-batch  +  (sum over its masked tokens of CE / (p A)) / B
 
-The collator writes it as per-token weights (1 / #clean targets, 1 / (p A); 0
-elsewhere), so the loss is one weighted sum per example; the batch loss is the mean
-over the examples that have a target. (Upstream averages the clean term over all
-clean tokens of the batch instead, which weighs long answers more; per example, the
-two terms are on the same footing and gradient accumulation does not change the sum.)
+One named difference: upstream's first term is NaN in a micro-batch without a clean target
+(every slot masked, or only one-token clean slots); here it is 0 there.
+
+`refusion.clean_average: example` is headstart's earlier form: per example, the mean CE over
+its own clean targets + (sum over its masked tokens of CE / p) / A, then the mean over the
+examples that have a target. Every example then weighs the same whatever its answer length
+(in the micro-batch mean, a long answer's clean tokens outweigh a short one's), and the loss
+of an optimizer step does not depend on how its examples are split into equal micro-batches
+(per-device batch x accumulation x processes): with upstream's form, one example per micro-batch
+makes the clean term a per-example mean again.
+
+The collator writes each target's share of the micro-batch loss as its weight (`loss_shares`),
+so either form is one weighted sum of per-token cross-entropies (`refusion_loss`).
 
 Draft-refinement rows: the draft D_{i-1} sits at the start of the answer buffer as
 committed text: right after the prompt, clean, visible to every answer token, never a
@@ -89,7 +99,9 @@ def lay_out(
     mask_id: int,
     draft_ids: Sequence[int] = (),
 ) -> dict[str, list]:
-    """One example in ReFusion order: input_ids, position_ids, labels and loss_weights.
+    """One example in ReFusion order: input_ids, position_ids, labels and loss_weights: 1 on each
+    clean target, 1 / (p A) on each masked token, 0 elsewhere (the terms of the loss's two sums;
+    `loss_shares` turns them into shares of the micro-batch loss).
 
     Args:
         prompt_ids (Sequence[int]): the prompt's tokens.
@@ -107,12 +119,10 @@ def lay_out(
     }
     size, start = draw.slot_size, len(prefix)
     slots = [list(answer_ids[k : k + size]) for k in range(0, len(answer_ids), size)]
-    clean_targets = sum(len(slots[k]) - 1 for k in draw.clean_order)
-    clean_weight = 1.0 / clean_targets if clean_targets else 0.0
     masked_weight = 1.0 / (draw.p * len(answer_ids)) if answer_ids else 0.0
     for k in draw.clean_order:  # autoregressive within the slot
         tokens = slots[k]
-        weights = [clean_weight] * (len(tokens) - 1) + [0.0]
+        weights = [1.0] * (len(tokens) - 1) + [0.0]
         _extend(row, tokens, start + k * size, tokens[1:] + [IGNORE_INDEX], weights)
     for k in (k for k in range(len(slots)) if draw.masked[k]):  # each mask predicts its own token
         tokens = slots[k]
@@ -129,10 +139,12 @@ def _extend(row: dict[str, list], ids: list[int], first_position: int, labels: l
 
 @dataclass
 class RefusionCollator:
-    """Tokenized rows (prompt_ids, draft_ids, answer_ids) -> one padded batch in ReFusion layout.
+    """Tokenized rows (prompt_ids, draft_ids, answer_ids) -> one padded batch in ReFusion layout,
+    each target weighted by its share of the micro-batch loss under `clean_average` (`loss_shares`).
 
-    Sequences are cut to `max_length` from the end (the answer first, as TRL truncates);
-    padding is on the right (attention_mask 0, labels -100, weight 0).
+    Sequences are cut to `max_length` from the end (the answer first, as TRL truncates): the
+    `refusion.over_long: cut` path; with `skip`, rows that do not fit were dropped before training.
+    Padding is on the right (attention_mask 0, labels -100, weight 0).
 
     With a `seed`, batch number k draws from a generator seeded with (seed, k), whatever
     was drawn before: the data loader's prefetching does not shift the draws, and a
@@ -147,25 +159,25 @@ class RefusionCollator:
     max_length: int | None = None
     seed: int | None = None
     batches: int = 0  # number of the next batch
+    clean_average: str = "batch"  # refusion.clean_average: "batch" (upstream) or "example"
 
     def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
         generator = None if self.seed is None else torch.Generator().manual_seed(batch_seed(self.seed, self.batches))
         self.batches += 1
-        return pad_rows([self.lay_out_example(e, generator) for e in examples], self.pad_token_id)
+        parts = [self.cut(e) for e in examples]
+        rows = [lay_out(prompt, answer, draw_slots(len(answer), self.slot_sizes, self.eps, generator),
+                        self.mask_token_id, draft) for prompt, draft, answer in parts]
+        answered = sum(1 for _, _, answer in parts if answer)
+        return pad_rows(loss_shares(rows, self.mask_token_id, answered, self.clean_average), self.pad_token_id)
 
-    def lay_out_example(self, example: dict[str, list[int]], generator: torch.Generator | None = None) -> dict[str, list]:
-        """One tokenized row, cut to `max_length`, laid out with a fresh draw.
+    def cut(self, example: dict[str, list[int]]) -> list[list[int]]:
+        """A tokenized row's (prompt, draft, answer), cut to `max_length` from the end.
 
         Args:
             example (dict[str, list[int]]): the row's `prompt_ids`, `answer_ids` and optional `draft_ids`.
-            generator (torch.Generator | None): the random stream; None: torch's global one.
         """
         parts = [example["prompt_ids"], example.get("draft_ids") or [], example["answer_ids"]]
-        if self.max_length is not None:
-            parts = keep_start(parts, self.max_length)
-        prompt, draft, answer = parts
-        draw = draw_slots(len(answer), self.slot_sizes, self.eps, generator)
-        return lay_out(prompt, answer, draw, self.mask_token_id, draft)
+        return parts if self.max_length is None else keep_start(parts, self.max_length)
 
 
 def batch_seed(seed: int, batch: int) -> int:
@@ -190,6 +202,39 @@ def keep_start(parts: list[list[int]], max_length: int) -> list[list[int]]:
         kept.append(list(part[:room]))
         room -= len(kept[-1])
     return kept
+
+
+def loss_shares(rows: list[dict[str, list]], mask_token_id: int, answered: int,
+                clean_average: str = "batch") -> list[dict[str, list]]:
+    """The rows with each target's weight replaced by its share of the micro-batch loss, so that
+    the loss is the sum of share x CE (the module docstring's two forms):
+    - "batch" (upstream): a clean target 1 / (clean targets of the micro-batch), a masked token
+      1 / (p A B), B the examples with an answer;
+    - "example": a clean target 1 / (clean targets of its example), a masked token 1 / (p A),
+      each divided by the examples that have a target.
+
+    Args:
+        rows (list[dict[str, list]]): laid-out rows (`lay_out`: 1 on a clean target, 1 / (p A) on a masked token).
+        mask_token_id (int): the mask token's id (a target under it is a masked one).
+        answered (int): the examples with an answer (at least one token left after any cut).
+        clean_average (str): "batch" or "example".
+    """
+    clean = [[w > 0 and t != mask_token_id for t, w in zip(r["input_ids"], r["loss_weights"])] for r in rows]
+    with_target = sum(any(w > 0 for w in r["loss_weights"]) for r in rows)
+    shared = []
+    for row, marks in zip(rows, clean):
+        if clean_average == "batch":
+            # No clean target in the micro-batch: the term is 0 (upstream's token mean is NaN there).
+            clean_share, masked_scale = _inverse(sum(map(sum, clean))), _inverse(answered)
+        else:
+            clean_share, masked_scale = _inverse(sum(marks) * with_target), _inverse(with_target)
+        weights = [clean_share if is_clean else w * masked_scale for is_clean, w in zip(marks, row["loss_weights"])]
+        shared.append({**row, "loss_weights": weights})
+    return shared
+
+
+def _inverse(count: int) -> float:
+    return 1.0 / count if count else 0.0
 
 
 def pad_rows(rows: list[dict[str, list]], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -226,26 +271,16 @@ def weighted_token_losses(logits: torch.Tensor, labels: torch.Tensor, loss_weigh
     return losses.view_as(labels) * loss_weights
 
 
-def mean_over_examples(weighted: torch.Tensor, loss_weights: torch.Tensor) -> torch.Tensor:
-    """Sum per example, mean over the examples that have a target (a fully cut answer has none).
-
-    Args:
-        weighted (torch.Tensor): [B, L] weighted token losses.
-        loss_weights (torch.Tensor): [B, L] the weights (an example with none above 0 has no target).
-    """
-    examples = (loss_weights > 0).any(dim=-1).sum().clamp(min=1)
-    return weighted.sum() / examples
-
-
 def refusion_loss(logits: torch.Tensor, labels: torch.Tensor, loss_weights: torch.Tensor) -> torch.Tensor:
-    """The ReFusion loss of a batch laid out by `RefusionCollator` (see the module docstring).
+    """The ReFusion loss of a micro-batch laid out by `RefusionCollator` (see the module docstring):
+    the sum of each target's share of it times its cross-entropy.
 
     Args:
         logits (torch.Tensor): [B, L, V] the model's logits.
         labels (torch.Tensor): [B, L] each position's target, IGNORE_INDEX where none.
-        loss_weights (torch.Tensor): [B, L] each position's weight.
+        loss_weights (torch.Tensor): [B, L] each position's share of the loss (`loss_shares`).
     """
-    return mean_over_examples(weighted_token_losses(logits, labels, loss_weights), loss_weights)
+    return weighted_token_losses(logits, labels, loss_weights).sum()
 
 
 def add_trainable_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, lora: LoraConfig) -> list[int]:
@@ -285,7 +320,7 @@ class RefusionTrainer(SFTTrainer):
 
     Run with `remove_unused_columns=False` and `dataset_kwargs={"skip_prepare_dataset": True}`:
     the rows are (prompt_ids, draft_ids, answer_ids), not TRL's tokenized columns.
-    Logs the two parts of the loss beside it: `clean_loss` and `masked_loss`.
+    Logs the two parts of the loss beside it (their sum): `clean_loss` and `masked_loss`.
     """
 
     loss_is_scaled_for_ga = False  # a mean per micro-batch: Trainer divides by the accumulation steps
@@ -297,16 +332,16 @@ class RefusionTrainer(SFTTrainer):
             model (torch.nn.Module): the wrapped model.
             inputs (dict[str, torch.Tensor]): the collated batch, with `labels` and `loss_weights`.
             return_outputs (bool): whether to return the model's outputs with the loss.
-            num_items_in_batch (int | torch.Tensor | None): unused: the loss is a mean over examples.
+            num_items_in_batch (int | torch.Tensor | None): unused: the loss is a mean per micro-batch.
         """
         labels, weights = inputs.pop("labels"), inputs.pop("loss_weights")
         outputs = model(**inputs, use_cache=False)
         weighted = weighted_token_losses(outputs.logits, labels, weights)
-        loss = mean_over_examples(weighted, weights)
+        loss = weighted.sum()  # = refusion_loss: the collator's weights are each target's share
         masked = inputs["input_ids"] == self.data_collator.mask_token_id
         mode = "train" if self.model.training else "eval"
-        for name, part in (("clean_loss", weighted * ~masked), ("masked_loss", weighted * masked)):
-            value = mean_over_examples(part.detach(), weights)
+        for name, part in (("clean_loss", weighted[~masked]), ("masked_loss", weighted[masked])):  # they sum to loss
+            value = part.detach().sum()
             self._metrics[mode][name].append(self.accelerator.gather_for_metrics(value).mean().item())
         return (loss, outputs) if return_outputs else loss
 

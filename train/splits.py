@@ -11,7 +11,7 @@ from train.config import TrainRecipe
 from train.data import load_split
 from train.provenance import answer_models, check_answer_models
 from train.sdft import sdft_rows
-from train.tokenization import check_fits, tokenize_dataset, trained_system_record
+from train.tokenization import check_fits, drop_over_long, tokenize_dataset, trained_system_record
 
 
 def training_family(tokenizer, recipe: TrainRecipe) -> Family:
@@ -36,7 +36,9 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState,
               system: str | None) -> tuple[Dataset, Dataset | None, dict]:
     """Tokenized train and (optional) eval splits, and what the adapter records of its data; the
     main process tokenizes first, the others reuse its cache. Answers written by another model than
-    the one trained are refused (`data.answers_from_other_model`).
+    the one trained are refused (`data.answers_from_other_model`). `objective: refusion` with
+    `refusion.over_long: skip` drops the rows longer than `training.max_length`, as upstream, and
+    says how many.
 
     Args:
         recipe (TrainRecipe): the validated recipe.
@@ -46,11 +48,18 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState,
     """
     family, data = training_family(tokenizer, recipe), recipe.data
     sdft = recipe.objective == "sdft"  # trains on its own drafts: the rows' answers, whoever wrote them, unused
+    skip_over_long = recipe.objective == "refusion" and recipe.refusion.over_long == "skip"
+    max_length, dropped_notes = recipe.training["max_length"], []
 
     def prepare(rows: Dataset, split: str) -> Dataset:
         if sdft:
             return sdft_rows(rows, tokenizer, family, system, recipe, split)
-        return tokenize_dataset(rows, tokenizer, family, system, recipe.objective)
+        tokenized = tokenize_dataset(rows, tokenizer, family, system, recipe.objective)
+        if skip_over_long:
+            tokenized, dropped = drop_over_long(tokenized, max_length, split)
+            dropped_notes.append(f"refusion.over_long=skip: dropped {dropped} of the {len(rows)} {split} rows longer "
+                                 f"than training.max_length={max_length} tokens (prompt + draft + answer)")
+        return tokenized
 
     with state.main_process_first():
         train = load_split(data.path, data.train_split)
@@ -64,7 +73,7 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState,
                   "answer_models": None if sdft else sorted(answer_models(train, data.path) or []) or None}
         train = prepare(train, data.train_split)
         if not sdft:
-            check_fits(train, recipe.training["max_length"], data.train_split)
+            check_fits(train, max_length, data.train_split)
         evaluation = None
         if data.eval_split and (recipe.training["eval_steps"] or 0) > 0:
             evaluation = load_split(data.path, data.eval_split)
@@ -73,6 +82,6 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState,
                     evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
                 evaluation = prepare(evaluation, data.eval_split)
     if state.is_main_process:
-        for note in notes:
+        for note in notes + dropped_notes:
             print(note, flush=True)
     return train, evaluation, record

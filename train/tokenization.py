@@ -340,3 +340,25 @@ def check_fits(dataset: Dataset, max_length: int, split: str) -> None:
             f"no {split} example keeps an answer token within training.max_length={max_length}: "
             f"the shortest prompt has {min(starts)} tokens; raise training.max_length"
         )
+
+
+def drop_over_long(dataset: Dataset, max_length: int, split: str) -> tuple[Dataset, int]:
+    """`refusion.over_long: skip`, as upstream (ML-GSAI/ReFusion train.py): rows whose prompt + draft +
+    answer exceed `max_length` tokens are dropped, not cut (a cut loses the answer's end and its EOS).
+    Returns the rows kept and the number dropped; an error naming training.max_length when none is kept.
+
+    Args:
+        dataset (Dataset): the tokenized rows (prompt_ids, draft_ids, answer_ids).
+        max_length (int): `training.max_length`.
+        split (str): the split's name, for the message.
+    """
+    lengths = [len(p) + len(d) + len(a)
+               for p, d, a in zip(dataset["prompt_ids"], dataset["draft_ids"], dataset["answer_ids"])]
+    kept = [index for index, length in enumerate(lengths) if length <= max_length]
+    if lengths and not kept:
+        raise ValueError(
+            f"no {split} row fits training.max_length={max_length}: the shortest has {min(lengths)} tokens "
+            "(prompt + draft + answer), and refusion.over_long=skip drops longer rows; raise training.max_length "
+            "or set refusion.over_long=cut"
+        )
+    return (dataset if len(kept) == len(dataset) else dataset.select(kept)), len(dataset) - len(kept)
