@@ -44,6 +44,9 @@ def test_the_floor_bound_reads_a_speedup_against_the_least_residual_cost():
     assert summary["residual_floor"] == 3 and summary["minimum_cost_share"] == pytest.approx(1 / 3)
     assert summary["floor_bound_median"] == pytest.approx(16 / 3)
     assert summary["floor_bound_share"] == pytest.approx(0.75)
+    assert "tokens_per_forward_base" not in summary  # records without base_tokens
+    with_tokens = summarize([r | {"base_tokens": t} for r, t in zip(records, (24, 40, 30))])
+    assert with_tokens["tokens_per_forward_base"] == pytest.approx(94 / 58)
     ar = summarize([record(1, 1)])  # 10 forwards over 5: 2x of a 10x bound
     assert (ar["residual_floor"], ar["floor_bound_median"], ar["floor_bound_share"]) == (1, 10, pytest.approx(0.2))
 

@@ -425,3 +425,36 @@ def test_objective_refusion_through_sft_trains_tokens_resumes_and_saves_loadable
     early = load_file(out / "checkpoint-2" / "adapter_model.safetensors")
     for key in token_rows:
         assert not torch.equal(early[key], weights[key]), key
+
+
+def test_every_weight_trains_with_use_peft_false_resumes_and_saves_the_model(tmp_path, tiny_qwen3_dir):
+    """model.use_peft=false: no adapter; merged/ is the trained model, mask token included; every layer
+    moved from the base; a run resumed from checkpoint 2 ends with the same losses and the same weights."""
+    rows = _refusion_rows(24)
+    data = tmp_path / "data"
+    DatasetDict({"train": Dataset.from_list(rows)}).save_to_disk(str(data))
+    out, resumed = tmp_path / "run", tmp_path / "resumed"
+    settings = dict(max_steps=4, save_steps=2, learning_rate=1e-3)
+    overrides = ["recipe=smollm2_refusion", "model.use_peft=false", "data.eval_split=null"]
+    launch(ONE_PROCESS, [*overrides, *tiny_overrides(tiny_qwen3_dir, data, out, **settings)])
+    assert not (out / "adapter").exists() and not list(out.glob("checkpoint-2/adapter_*"))
+    trained, base = load_model(str(out / "merged"), device="cpu"), load_model(str(tiny_qwen3_dir), device="cpu")
+    assert MASK_TOKEN in trained.tokenizer.get_vocab() and mask_token_id(trained.tokenizer) == len(base.tokenizer) + 1
+    moved = [name for name, weight in base.model.named_parameters()
+             if not torch.equal(weight, dict(trained.model.named_parameters())[name][: weight.shape[0]])]
+    assert len(moved) == len(list(base.model.parameters())), "a weight did not train"
+
+    shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
+    shutil.copy(out / "config.yaml", resumed / "config.yaml")
+    shutil.copy(out / MARK, resumed / MARK)
+    launch(ONE_PROCESS, [*overrides, *tiny_overrides(tiny_qwen3_dir, data, resumed, **settings)])
+    assert step_losses(resumed) == step_losses(out)
+    final, again = (load_file(d / "merged" / "model.safetensors") for d in (out, resumed))
+    for key in final:
+        torch.testing.assert_close(again[key], final[key], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("objective", ["distill", "sdft"])
+def test_use_peft_false_is_refused_where_the_teacher_is_the_adapter_off(objective):
+    with pytest.raises(RecipeValueError, match="model.use_peft=false"):
+        parse_recipe([f"objective={objective}", "model.use_peft=false"])

@@ -36,6 +36,11 @@ class ModelSection:
     )
     dtype: str = field(default="auto", metadata={"help": "weights dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16"})
     attn_implementation: str = field(default="sdpa", metadata={"help": "attention kernel passed to from_pretrained"})
+    use_peft: bool = field(
+        default=True,
+        metadata={"help": "train the `lora:` adapter (TRL's ModelConfig.use_peft); false: every weight trains "
+                          "(objective sft or refusion) and merged/ holds the trained model, with no adapter/"},
+    )
     prompt_format: str = field(
         default="auto",
         metadata={"help": "how rows become text (headstart.prompts.PROMPT_FORMATS): auto, chat, or completion (a base "

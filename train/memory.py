@@ -91,6 +91,8 @@ def estimate(recipe, recipe_name: str, strategy: str, gpus: int) -> Estimate:
         strategy (str): "ddp" or "zero3".
         gpus (int): the number of GPUs launched.
     """
+    if not recipe.model.use_peft:
+        raise RecipeError("model.use_peft=false: the estimate covers LoRA training (weights frozen, adapter states)")
     if recipe.model.dtype not in ("auto", "bfloat16"):
         raise RecipeError(
             f"model.dtype {recipe.model.dtype}: the estimate covers bf16 training (dtype auto or bfloat16)"

@@ -22,13 +22,14 @@ def model_config(recipe: TrainRecipe) -> ModelConfig:
     """
     model, lora = recipe.model, recipe.lora
     return ModelConfig(model_name_or_path=model.name_or_path, dtype=model.dtype,
-                       attn_implementation=model.attn_implementation, use_peft=True, lora_r=lora.r,
+                       attn_implementation=model.attn_implementation, use_peft=model.use_peft, lora_r=lora.r,
                        lora_alpha=lora.alpha, lora_dropout=lora.dropout, lora_task_type="CAUSAL_LM",
                        lora_target_modules=lora.target_regex or list(lora.target_modules))
 
 
-def lora_config(recipe: TrainRecipe) -> LoraConfig:
-    """PEFT's LoRA config of the recipe, as TRL's `get_peft_config` builds it.
+def lora_config(recipe: TrainRecipe) -> LoraConfig | None:
+    """PEFT's LoRA config of the recipe, as TRL's `get_peft_config` builds it (None: `model.use_peft`
+    false, every weight trains).
 
     Args:
         recipe (TrainRecipe): the validated recipe.

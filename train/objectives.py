@@ -12,7 +12,7 @@ from peft import LoraConfig
 from transformers import AutoModelForCausalLM
 from trl import SFTConfig, SFTTrainer
 
-from headstart.refusion import mask_token_id
+from headstart.refusion import add_refusion_tokens, mask_token_id
 from train.config import TrainRecipe
 from train.distill import DistillCollator, DistillTrainer
 from train.model import model_init_kwargs
@@ -58,7 +58,7 @@ def refusion_collator(recipe: TrainRecipe, tokenizer, process_index: int) -> Ref
     )
 
 
-def objective_trainer(recipe: TrainRecipe, model_dir: Path, tokenizer, peft_config: LoraConfig,
+def objective_trainer(recipe: TrainRecipe, model_dir: Path, tokenizer, peft_config: LoraConfig | None,
                       state: PartialState) -> tuple[Callable[..., SFTTrainer], Any, Any, dict]:
     """The trainer class (or factory), the model it is given, its collator and its extra arguments.
 
@@ -72,12 +72,16 @@ def objective_trainer(recipe: TrainRecipe, model_dir: Path, tokenizer, peft_conf
         recipe (TrainRecipe): the validated recipe.
         model_dir (Path): the base model's directory.
         tokenizer (PreTrainedTokenizerBase): its tokenizer (refusion adds its tokens to it).
-        peft_config (LoraConfig): the LoRA config (refusion adds its token rows to it).
+        peft_config (LoraConfig | None): the LoRA config (refusion adds its token rows to it); None: every
+            weight trains (`model.use_peft` false), the new token rows with them.
         state (PartialState): this process's accelerate state.
     """
     if recipe.objective == "refusion":
         model = AutoModelForCausalLM.from_pretrained(model_dir, **model_init_kwargs(recipe, *process_device(state)))
-        add_trainable_tokens(model, tokenizer, peft_config)
+        if peft_config is None:
+            add_refusion_tokens(model, tokenizer)
+        else:
+            add_trainable_tokens(model, tokenizer, peft_config)
         return RefusionTrainer, model, refusion_collator(recipe, tokenizer, state.process_index), {}
     if recipe.objective == "distill":
         collator = DistillCollator(pad_token_id=tokenizer.pad_token_id, max_length=recipe.training["max_length"])

@@ -117,6 +117,9 @@ def validate_numbers(recipe: TrainRecipe) -> None:
         recipe (TrainRecipe): the recipe to check.
     """
     lora, t, data = recipe.lora, recipe.training, recipe.data
+    require(recipe.model.use_peft or recipe.objective in ("sft", "refusion"),
+            f"model.use_peft=false trains every weight, which objective {recipe.objective} cannot: its teacher is "
+            "the model with its adapter disabled; use objective sft or refusion, or keep the adapter")
     require(lora.r >= 1, f"lora.r must be >= 1 (the adapter's rank), got {lora.r}")
     require(lora.alpha > 0, f"lora.alpha must be > 0 (scale = alpha / r), got {lora.alpha}")
     require(0 <= lora.dropout < 1, f"lora.dropout must be in [0, 1), got {lora.dropout}")

@@ -37,19 +37,21 @@ def save_final(trainer: SFTTrainer, tokenizer, output_dir: Path, recipe: TrainRe
     Args:
         trainer (SFTTrainer): the trainer that trained the adapter.
         tokenizer (PreTrainedTokenizerBase): the tokenizer the adapter was trained with.
-        output_dir (Path): the run directory (`adapter/` and `merged/` go under it).
+        output_dir (Path): the run directory (`adapter/` and `merged/` go under it; `merged/` alone when
+            every weight trained).
         recipe (TrainRecipe): the validated recipe (`run.merge`).
         state (PartialState): this process's accelerate state.
         record (dict | None): the training record (`training_record`).
     """
-    adapter_dir = output_dir / "adapter"
+    full = not recipe.model.use_peft  # the trained model is the whole model: written where a merge goes
+    adapter_dir = output_dir / ("merged" if full else "adapter")
     trainer.save_model(str(adapter_dir))
     state.wait_for_everyone()  # every rank's part is written before the main process completes the directory
     if not state.is_main_process:
         return
     tokenizer.save_pretrained(adapter_dir)
     write_training_record(adapter_dir, record or {})
-    if recipe.run.merge:
+    if recipe.run.merge and not full:
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
         from train.merge import merge_adapter

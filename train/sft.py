@@ -141,7 +141,10 @@ def main(argv: list[str]) -> None:
 
     # --- Save: the adapter, then the merged model (float32, on the main process alone)
     save_final(trainer, tokenizer, output_dir, recipe, state, record)
-    say(state, f"adapter: {output_dir / 'adapter'}", *([f"merged: {output_dir / 'merged'}"] if recipe.run.merge else []))
+    if recipe.model.use_peft:
+        say(state, f"adapter: {output_dir / 'adapter'}", *([f"merged: {output_dir / 'merged'}"] if recipe.run.merge else []))
+    else:
+        say(state, f"model (every weight trained): {output_dir / 'merged'}")
     finish_trackers()
 
 

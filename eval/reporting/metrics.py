@@ -54,6 +54,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     )
     summary |= identity(valid)
     summary |= floor_bound(valid, summary["speedup_forwards_median"])
+    if all("base_tokens" in r for r in valid):  # the decoder's own parallelism: above 1 only for a slot decoder
+        summary["tokens_per_forward_base"] = sum(r["base_tokens"] for r in valid) / sum(r["baseline_forwards"] for r in valid)
     if speedup_wall:
         summary.update(speedup_wall_mean=_mean(speedup_wall), speedup_wall_median=statistics.median(speedup_wall))
     if all("lookup_baseline_forwards" in r for r in valid):
