@@ -178,7 +178,8 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m eval recipe=humaneval_refusion": Checked(),
     "python -m eval recipe=humaneval_smollm2_refusion": Checked(),
     "python -m eval recipe=humaneval_refusion_draft_refinement": Checked(),
-    "python benchmarks/bench_refusion.py --limit 20": HelpHas(),
+    "python -m eval recipe=mbpp_smollm2_refusion_full": Checked(),
+    "python benchmarks/bench_refusion.py": HelpHas(),
     "python benchmarks/bench_refusion.py --limit 20 --threads 1": HelpHas(),
     "python benchmarks/bench_train.py --rows 48 --steps 4 --max-length 512": HelpHas(),
     # Suite
