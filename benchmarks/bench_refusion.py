@@ -48,32 +48,49 @@ EVAL_RECIPE = "mbpp_smollm2_refusion_full"
 AR_DECODE = ["decode.engine=auto", "decode.regenerate=plain", "decode.acceptance=greedy"]
 
 
-def run(command: list[str]) -> None:
+def run_command(command: list[str]) -> None:
+    """Print `command`, then run it from the repository root (its failure stops the benchmark).
+
+    Args:
+        command (list[str]): the command and its arguments.
+    """
     print("$ " + shlex.join(command), flush=True)
     subprocess.run(command, cwd=REPO, check=True)
 
 
 def ensure_trained_model(model_dir: Path) -> None:
-    """Build the training data and train when the trained model is absent (both resume)."""
+    """Build the training data and train when the trained model is absent (both resume).
+
+    Args:
+        model_dir (Path): where the trained model is expected.
+    """
     if (model_dir / "config.json").is_file():
         return
     data_path = Path(OmegaConf.load(find_recipe(TRAIN_RECIPE)).data.path)
     if not (REPO / data_path).exists():
-        run([sys.executable, "-m", "data_builders", f"recipe={DATA_RECIPE}"])
-    run(["accelerate", "launch", "train/sft.py", f"recipe={TRAIN_RECIPE}"])
+        run_command([sys.executable, "-m", "data_builders", f"recipe={DATA_RECIPE}"])
+    run_command(["accelerate", "launch", "train/sft.py", f"recipe={TRAIN_RECIPE}"])
     if not (model_dir / "config.json").is_file():
         raise FileNotFoundError(f"training finished without a trained model at {model_dir}")
 
 
 def evaluate(overrides: list[str]) -> tuple[EvalConfig, dict[str, Any], float]:
-    """One resumable evaluation of the eval recipe with `overrides`: its config, summary and seconds."""
+    """One resumable evaluation of the eval recipe with `overrides`: its config, summary and seconds.
+
+    Args:
+        overrides (list[str]): `key=value` settings after the recipe.
+    """
     config = load_config(EvalConfig, [f"recipe={EVAL_RECIPE}", *overrides])
     start = time.perf_counter()
     return config, run_evaluation(config), time.perf_counter() - start
 
 
 def table(rows: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> str:
-    """One row per benchmark: the slot decoder's figures beside the same model's AR quality."""
+    """One row per benchmark: the slot decoder's figures beside the same model's AR quality.
+
+    Args:
+        rows (dict[str, tuple[dict[str, Any], dict[str, Any]]]): benchmark -> (slot summary, AR summary).
+    """
     header = ["benchmark", "n", "tokens/fwd", "quality AR", "quality slot", "quality stream", "fwd base/stream (med)",
               "speedup fwd med/mean", "speedup wall med", "floor", "floor bound (med)", "share of bound",
               "accept none/partial/all"]
@@ -92,7 +109,12 @@ def table(rows: dict[str, tuple[dict[str, Any], dict[str, Any]]]) -> str:
 
 
 def headline(slot: dict[str, Any], ar: dict[str, Any]) -> str:
-    """The benchmark's last line (the issue's form)."""
+    """The benchmark's last line: the slot decoder's tokens per forward, both qualities, the streaming speedup.
+
+    Args:
+        slot (dict[str, Any]): the slot decoding and streaming summary.
+        ar (dict[str, Any]): the same model's autoregressive summary.
+    """
     return (f"refusion: tokens per forward {slot['tokens_per_forward_base']:.2f}; quality AR {ar['quality_base']:.1%} "
             f"slot {slot['quality_base']:.1%}; stream median {slot['speedup_forwards_median']:.2f}x fwd "
             f"({slot['floor_bound_share']:.0%} of floor bound)")

@@ -117,8 +117,8 @@ def test_verifier_check_causal_rejects_what_bidirectional_approves(tied):
     }
     assert figures["causal"]["leading_run_share"] < 0.1 and figures["causal"]["token_approval_rate"] < 0.1
     assert figures["bidirectional"]["leading_run_share"] > 0.9 and figures["bidirectional"]["token_approval_rate"] > 0.9
-    # The ReFusion engine's own verification pass, with the draft also in its decoding context (draft
-    # refinement): it judges as the causal verifier does, so it rejects the foreign draft too.
+    # The ReFusion engine's own verify pass (the one its update calls), under draft-refinement settings: it
+    # judges right after the prompt, as the causal verifier does, and so rejects the foreign draft too.
     refining = DecodeSpec(engine="refusion", regenerate="plain", max_new_tokens=32, draft_in_context=True)
     refusion = check(VerifierCheckConfig(model="tied", verifier="refusion", drafts="reference", limit=6, decode=refining),
                      tied)["foreign"]

@@ -277,7 +277,9 @@ def test_draft_in_context_decodes_after_the_prompt_and_the_draft(toy):
                 without_context.verify_draft(without_context.new_state(), prompt, draft, None), draft)
             kept = draft[: result.accepted]
             before = reference.forwards
-            if not engine.finished(kept):
+            if engine.finished(kept):  # the whole draft, its EOS included: nothing left to decode
+                assert (result.answer, result.forwards) == (kept, 1)
+            else:
                 assert result.answer == kept + reference.decode(context, kept)
                 assert result.forwards == 1 + reference.forwards - before
             if acceptance == "threshold:1":  # no draft token has probability exactly 1 here: nothing kept
@@ -286,6 +288,33 @@ def test_draft_in_context_decodes_after_the_prompt_and_the_draft(toy):
         baseline = toy_engine(loaded, settings=refining).baseline(prompt)
         assert (baseline.answer, baseline.forwards) == (plain.baseline(prompt).answer, plain.baseline(prompt).forwards)
     assert stripped_eos > 0 and partial > 0
+
+
+def test_the_default_decoder_streams_as_a_fresh_decode_after_the_kept_prefix(toy):
+    """infill_kv=splice and draft_end=decode (the defaults), the draft in context or not: after a whole
+    replay (its caches hold spliced infill KV), the final update's answer is the kept prefix plus what a
+    decoder with an empty cache decodes after it, in as many forwards plus the verify pass. Reusing the
+    verify pass's cache, and never the spliced entries, changes nothing."""
+    loaded, prompts = toy
+    partial = 0
+    for draft_in_context in (False, True):
+        settings = replace(TOY_SETTINGS, infill_kv="splice", draft_end="decode", draft_in_context=draft_in_context)
+        for acceptance in ("greedy", "threshold:0.00001"):
+            engine, fresh = toy_engine(loaded, acceptance, settings), toy_engine(loaded, acceptance, settings)
+            for request_prompts in prompts:
+                state = engine.new_state()
+                for prompt in request_prompts[:-1]:
+                    engine.update(state, prompt, ("drafting", "drafting"))
+                held, prompt = list(state.draft), request_prompts[-1]
+                result = engine.update(state, prompt, PHASES)
+                judged = held[:-1] if held and held[-1] == TOY_EOS else held
+                kept = judged[: result.accepted]
+                context = prompt + (judged if draft_in_context else [])
+                before = sum(fresh.forwards.values())
+                assert result.answer == kept + fresh.decode(fresh.new_state(), context, kept, "regenerate")
+                assert result.forwards == (1 if judged else 0) + sum(fresh.forwards.values()) - before
+                partial += 0 < result.accepted < len(judged)
+    assert partial > 0
 
 
 def test_verifying_with_a_reused_cache_matches_verifying_from_scratch(toy):

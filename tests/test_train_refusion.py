@@ -22,6 +22,7 @@ from headstart.refusion import MASK_TOKEN, mask_token_id
 from headstart.run_dir import MARK
 from train.config import RecipeValueError
 from train.refusion_objective import RefusionCollator, RefusionTrainer, SlotDraw, draw_slots, lay_out, refusion_loss
+from train.relaunch import check_run_dir
 from train.sft import parse_recipe
 from train.splits import load_data, training_family
 from train.tokenization import IGNORE_INDEX, tokenize_dataset
@@ -452,6 +453,13 @@ def test_every_weight_trains_with_use_peft_false_resumes_and_saves_the_model(tmp
     final, again = (load_file(d / "merged" / "model.safetensors") for d in (out, resumed))
     for key in final:
         torch.testing.assert_close(again[key], final[key], rtol=0, atol=0)
+
+    # A finished run is a run even with its checkpoints gone: a new one may not overwrite merged/.
+    for checkpoint in out.glob("checkpoint-*"):
+        shutil.rmtree(checkpoint)
+    recipe, _ = parse_recipe([*overrides, *tiny_overrides(tiny_qwen3_dir, data, out, **settings), "run.resume=false"])
+    with pytest.raises(RecipeValueError, match="a trained model"):
+        check_run_dir(out, recipe)
 
 
 @pytest.mark.parametrize("objective", ["distill", "sdft"])

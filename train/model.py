@@ -48,11 +48,15 @@ def use_bf16(recipe: TrainRecipe) -> bool:
 
 
 def model_dtype(recipe: TrainRecipe) -> torch.dtype:
-    """The weights' dtype: `model.dtype`, where `auto` is bf16 on GPU and fp32 on CPU.
+    """The weights' dtype: `model.dtype`, where `auto` is bf16 on GPU and fp32 on CPU, and fp32 wherever
+    every weight trains (`model.use_peft` false): AdamW on bf16 weights rounds small updates away, and
+    `training.bf16` still autocasts the compute. (LoRA keeps its adapter in fp32 over a bf16 base.)
 
     Args:
         recipe (TrainRecipe): the validated recipe.
     """
+    if recipe.model.dtype == "auto" and not recipe.model.use_peft:
+        return torch.float32
     if recipe.model.dtype == "auto":
         return default_dtype("cuda" if torch.cuda.is_available() else "cpu")
     return getattr(torch, recipe.model.dtype)

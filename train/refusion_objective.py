@@ -59,6 +59,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from trl import SFTTrainer
 
 from headstart.refusion import add_refusion_tokens
+from train.config import CLEAN_AVERAGES
 from train.tokenization import IGNORE_INDEX
 
 
@@ -219,13 +220,16 @@ def loss_shares(rows: list[dict[str, list]], mask_token_id: int, answered: int,
         answered (int): the examples with an answer (at least one token left after any cut).
         clean_average (str): "batch" or "example".
     """
+    if clean_average not in CLEAN_AVERAGES:
+        raise ValueError(f"refusion.clean_average must be one of {', '.join(CLEAN_AVERAGES)}, not {clean_average!r}")
     clean = [[w > 0 and t != mask_token_id for t, w in zip(r["input_ids"], r["loss_weights"])] for r in rows]
     with_target = sum(any(w > 0 for w in r["loss_weights"]) for r in rows)
+    # No clean target in the micro-batch: the term is 0 (upstream's token mean is NaN there).
+    batch_clean_share, batch_masked_scale = _inverse(sum(map(sum, clean))), _inverse(answered)
     shared = []
     for row, marks in zip(rows, clean):
         if clean_average == "batch":
-            # No clean target in the micro-batch: the term is 0 (upstream's token mean is NaN there).
-            clean_share, masked_scale = _inverse(sum(map(sum, clean))), _inverse(answered)
+            clean_share, masked_scale = batch_clean_share, batch_masked_scale
         else:
             clean_share, masked_scale = _inverse(sum(marks) * with_target), _inverse(with_target)
         weights = [clean_share if is_clean else w * masked_scale for is_clean, w in zip(marks, row["loss_weights"])]

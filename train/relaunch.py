@@ -109,7 +109,7 @@ def check_run_dir(output_dir: str | Path, recipe: TrainRecipe) -> dict[str, tupl
     """
     directory = Path(output_dir)
     # A directory headstart did not create is refused (headstart.run_dir); one without a
-    # checkpoint or an adapter holds no run (a launch that failed early): a new one starts there.
+    # checkpoint, an adapter or a trained model holds no run (a launch that failed early): a new one starts there.
     if check_output_dir(directory, RUN_KIND, setting="training.output_dir") == "new":
         return {}
     saved_path = directory / "config.yaml"
@@ -119,16 +119,16 @@ def check_run_dir(output_dir: str | Path, recipe: TrainRecipe) -> dict[str, tupl
         return {}
     if not saved_path.is_file():
         if holds_run:
-            raise RecipeValueError(f"{directory} holds checkpoints or an adapter but no config.yaml: the recipe that "
-                                   f"trained them is unknown; {how}")
+            raise RecipeValueError(f"{directory} holds checkpoints, an adapter or a trained model but no config.yaml: "
+                                   f"the recipe that trained them is unknown; {how}")
         return {}
     try:
         saved = load_config(TrainRecipe, [f"recipe={saved_path}"])
     except ValueError as error:
         raise RecipeValueError(f"{directory} holds a run whose config.yaml cannot be read ({error}); {how}") from error
     if holds_run and not recipe.run.resume:
-        raise RecipeValueError(f"run.resume=false, but {directory} holds a run (checkpoints or an adapter) that a "
-                               f"new run would overwrite; {how}")
+        raise RecipeValueError(f"run.resume=false, but {directory} holds a run (checkpoints, an adapter or a trained "
+                               f"model) that a new run would overwrite; {how}")
     differences = recipe_differences(saved, recipe)
     if differences:
         detail = ", ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in differences.items())
@@ -141,12 +141,14 @@ def check_run_dir(output_dir: str | Path, recipe: TrainRecipe) -> dict[str, tupl
 
 
 def has_progress(directory: Path) -> bool:
-    """Whether a run directory holds a checkpoint or an adapter (else it holds no run).
+    """Whether a run directory holds a checkpoint, an adapter or a trained model (a full-parameter run
+    writes `merged/` alone); else it holds no run.
 
     Args:
         directory (Path): the run directory.
     """
-    return any(CHECKPOINT_NAME.match(p.name) for p in directory.iterdir()) or (directory / "adapter").exists()
+    return (any(CHECKPOINT_NAME.match(p.name) for p in directory.iterdir())
+            or any((directory / name).exists() for name in ("adapter", "merged")))
 
 
 def check_inputs(output_dir: str | Path, inputs: dict[str, str], resuming: bool) -> dict[str, str | None]:

@@ -1,4 +1,5 @@
-"""What a finished run writes: the adapter with its tokenizer and training record, and the merged model."""
+"""What a finished run writes: the adapter with its tokenizer and training record, and the merged model
+(a full-parameter run: the trained model in `merged/`, with its tokenizer and record)."""
 
 from __future__ import annotations
 
@@ -44,13 +45,13 @@ def save_final(trainer: SFTTrainer, tokenizer, output_dir: Path, recipe: TrainRe
         record (dict | None): the training record (`training_record`).
     """
     full = not recipe.model.use_peft  # the trained model is the whole model: written where a merge goes
-    adapter_dir = output_dir / ("merged" if full else "adapter")
-    trainer.save_model(str(adapter_dir))
+    saved_dir = output_dir / ("merged" if full else "adapter")
+    trainer.save_model(str(saved_dir))
     state.wait_for_everyone()  # every rank's part is written before the main process completes the directory
     if not state.is_main_process:
         return
-    tokenizer.save_pretrained(adapter_dir)
-    write_training_record(adapter_dir, record or {})
+    tokenizer.save_pretrained(saved_dir)
+    write_training_record(saved_dir, record or {})
     if recipe.run.merge and not full:
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
@@ -58,4 +59,4 @@ def save_final(trainer: SFTTrainer, tokenizer, output_dir: Path, recipe: TrainRe
 
         # Loading the base again must not be partitioned by the ZeRO-3 context of training.
         unset_hf_deepspeed_config()
-        merge_adapter(adapter_dir, output_dir / "merged")  # float32: small LoRA deltas survive (train/merge.py)
+        merge_adapter(saved_dir, output_dir / "merged")  # float32: small LoRA deltas survive (train/merge.py)

@@ -1,4 +1,5 @@
-"""Fine-tuning of a LoRA adapter on prefix-to-answer dialogues: `objective: sft`, `refusion`, `distill` or `sdft`.
+"""Fine-tuning on prefix-to-answer dialogues, of a LoRA adapter (or every weight, `model.use_peft: false`):
+`objective: sft`, `refusion`, `distill` or `sdft`.
 
     accelerate launch train/sft.py recipe=qwen3_prefix [training.learning_rate=1e-4 ...]
     accelerate launch --config_file headstart/recipes/accelerate/zero3.yaml train/sft.py recipe=qwen3_prefix
@@ -7,7 +8,8 @@
 Without `recipe=` the embedded default `smollm2_prefix` runs (SmolLM2-135M on CPU). The script
 reads top to bottom: setup (recipe, process group, batch plan, the checkpoint to resume and TRL's
 config, all checked before any download or data work), data, model and trainer, training, and
-saving (the adapter, then the merged model on the main process alone). The recipe's `training:`
+saving (the adapter, then the merged model on the main process alone; a full-parameter run's model
+in `merged/`). The recipe's `training:`
 section is TRL's SFTConfig (train/sft_config.py); what each objective swaps in is train/objectives.py.
 """
 

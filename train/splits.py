@@ -49,7 +49,7 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState,
     family, data = training_family(tokenizer, recipe), recipe.data
     sdft = recipe.objective == "sdft"  # trains on its own drafts: the rows' answers, whoever wrote them, unused
     skip_over_long = recipe.objective == "refusion" and recipe.refusion.over_long == "skip"
-    max_length, dropped_notes = recipe.training["max_length"], []
+    max_length, dropped_notes, dropped_rows = recipe.training["max_length"], [], {}
 
     def prepare(rows: Dataset, split: str) -> Dataset:
         if sdft:
@@ -57,6 +57,7 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState,
         tokenized = tokenize_dataset(rows, tokenizer, family, system, recipe.objective)
         if skip_over_long:
             tokenized, dropped = drop_over_long(tokenized, max_length, split)
+            dropped_rows[split] = dropped
             dropped_notes.append(f"refusion.over_long=skip: dropped {dropped} of the {len(rows)} {split} rows longer "
                                  f"than training.max_length={max_length} tokens (prompt + draft + answer)")
         return tokenized
@@ -84,4 +85,6 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState,
     if state.is_main_process:
         for note in notes + dropped_notes:
             print(note, flush=True)
+    if dropped_rows:  # the training record says what the model saw, not only what the data held
+        record["over_long_rows_dropped"] = dropped_rows
     return train, evaluation, record

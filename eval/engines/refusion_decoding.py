@@ -46,6 +46,9 @@ from eval.engines.tokens import common_prefix_length, leading_run
 
 # A fed token and its true position id: the KV cache holds a sequence of these.
 Pair = tuple[int, int]
+# Marks a spliced infill entry in `SlotState.cached`: its KV did not see the rows infilled beside it,
+# so it is never what a causal pass over the same pairs gives, and a later forward must not reuse it.
+SPLICED = "spliced"
 
 
 @dataclass
@@ -53,7 +56,7 @@ class SlotState:
     """What the engine holds for one request between updates."""
 
     cache: DynamicCache
-    cached: list[Pair] = field(default_factory=list)
+    cached: list[Pair | tuple[int, int, str]] = field(default_factory=list)  # SPLICED entries: three items
     draft: list[int] = field(default_factory=list)
 
 
@@ -118,7 +121,7 @@ class RefusionEngine(StreamingEngine):
         )
         if phase:
             self.forwards[phase] += 1
-        return output.logits.float()
+        return output.logits.to(torch.promote_types(output.logits.dtype, torch.float32))  # float64 stays float64
 
     def feed(self, state: SlotState, pairs: list[Pair], phase: str | None, keep: int = 1) -> torch.Tensor:
         """Feed `pairs` after the cached ones (batch 1); logits of the last `keep`.
@@ -224,7 +227,7 @@ class RefusionEngine(StreamingEngine):
             phase (str): the phase the forwards are counted and timed under.
         """
         context = _pairs(prompt_ids + prefix, 0)
-        reuse = common_prefix_length(state.cached, context)
+        reuse = common_prefix_length(state.cached, context)  # never past a SPLICED entry
         self.crop(state, reuse)
         run = _Decoding(pending=context[reuse:])
         first, length = len(context), self.max_new_tokens - len(prefix)
@@ -268,7 +271,7 @@ class RefusionEngine(StreamingEngine):
         splice = self.spec.infill_kv == "splice"
         if splice:  # each row's own KV, in slot order: the rows never see one another
             append_to_cache(state.cache, [self._row_states(layer, [len(r) for r in rows]) for layer in row_kv])
-            state.cached.extend(pairs)
+            state.cached.extend((token, position, SPLICED) for token, position in pairs)
         run.commit([t for t, _ in pairs], [p for _, p in pairs], cached=splice, eos=self.eos_token_ids)
         return chosen
 

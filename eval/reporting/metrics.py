@@ -68,9 +68,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def residual_floor(record: dict[str, Any]) -> int:
-    """The least a residual can cost with the request's decoder: 1 forward for an AR engine (the
-    verification pass of a fully accepted draft), 3 for ReFusion as the paper counts it (the answer's
-    end decoded by one plan and one verify forward after the verification pass).
+    """The least a residual can cost with the request's decoder: its engine's `min_residual_forwards`,
+    as the record wrote it.
 
     Args:
         record (dict[str, Any]): a per-request record (older ones lack the field: 1).

@@ -22,8 +22,8 @@ COLUMNS = [
     ("fwd stream (med)", "forwards_stream_median", "{:g}"),
     ("speedup fwd mean", "speedup_forwards_mean", "{:.2f}x"),
     ("speedup fwd med", "speedup_forwards_median", "{:.2f}x"),
-    # The least a residual can cost (1 forward AR, 3 ReFusion), the median speedup a request at that floor
-    # would have, and the share of it the median speedup reaches (eval.reporting.metrics.floor_bound).
+    # The least a residual can cost, the median speedup a request at that floor would have, and the
+    # share of it the median speedup reaches (eval.reporting.metrics.floor_bound).
     ("floor / bound / share", ("residual_floor", "floor_bound_median", "floor_bound_share"), "{:g}/{:.2f}x/{:.0%}"),
     ("speedup wall mean", "speedup_wall_mean", "{:.2f}x"),
     ("speedup wall med", "speedup_wall_median", "{:.2f}x"),
