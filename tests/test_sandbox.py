@@ -18,7 +18,7 @@ import pytest
 import eval.sandbox as sandbox
 from eval.benchmarks.mbpp import MBPP
 from eval.sandbox import SandboxLimits, TrustedTests, run_calls, run_many, run_tests
-from eval.sandbox.cgroup import CgroupParent
+from eval.sandbox.cgroup import PREFIX, CgroupParent
 from eval.sandbox.cgroup import join as join_cgroup
 from eval.sandbox.host import Evaluator, UidRecords, sandbox_uid
 
@@ -394,6 +394,26 @@ def test_a_new_evaluator_sweeps_what_a_killed_one_left():
             cgroup.destroy()
             parent.sweep()
         UidRecords().release(uid)
+
+
+def test_a_sweep_passes_over_a_directory_another_sweep_removed_first(tmp_path, monkeypatch):
+    """Two evaluators starting together both sweep a dead one's directories: the one that lists a
+    directory the other has just removed goes on (it once failed the evaluator's first program)."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    raced, left = (tmp_path / f"{PREFIX}{gone.pid}", tmp_path / f"{PREFIX}{gone.pid + 1_000_000}")
+    for base in (raced, left):  # no program cgroups left in them (a plain directory is no cgroupfs)
+        base.mkdir()
+    listed = Path.iterdir
+
+    def removed_meanwhile(path: Path):
+        if path == raced:
+            raced.rmdir()
+        return listed(path)
+
+    monkeypatch.setattr(Path, "iterdir", removed_meanwhile)
+    CgroupParent(2, (tmp_path,)).sweep()
+    assert not raced.exists() and not left.exists()
 
 
 def test_without_bubblewrap_no_program_runs(monkeypatch):

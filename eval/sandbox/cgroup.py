@@ -108,7 +108,11 @@ class CgroupParent:
                     continue
                 if int(owner) != os.getpid() and alive(int(owner)):
                     continue
-                for leaf in [p for p in base.iterdir() if p.is_dir()]:
+                try:
+                    leaves = [p for p in base.iterdir() if p.is_dir()]
+                except FileNotFoundError:  # another evaluator's sweep removed it first
+                    continue
+                for leaf in leaves:
                     Cgroup(self.version, (leaf,)).destroy()
                 _rmdir_quietly(base)
 
