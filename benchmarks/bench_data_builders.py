@@ -1,6 +1,6 @@
 """Throughput and peak memory of the LMSYS builder (no generation) as the input grows.
 
-Writes synthetic LMSYS-Chat-1M files in the real schema (tests/support/synthetic_corpus.py, the tests' own),
+Writes synthetic LMSYS-Chat-1M files in the real schema (benchmarks/synthetic_corpus.py, the tests' too),
 runs `python -m data_builders recipe=lmsys_prefix answers=reference ...` on each
 in a fresh process, and samples the memory of that process and its map workers.
 
@@ -24,10 +24,11 @@ import threading
 import time
 from pathlib import Path
 
+from synthetic_corpus import lmsys_rows, write_jsonl  # beside this script
+
 from headstart.paths import DATA_DIR
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout this benchmark runs from (benchmarks are not installed)
-SYNTHETIC_CORPUS = REPO / "tests" / "support"  # the synthetic LMSYS rows are the tests' own
 
 
 def process_tree(pid: int) -> list[int]:
@@ -95,9 +96,6 @@ def run_build(input_path: Path, output: Path, num_proc: int, data_dir: str) -> d
 
 
 def main() -> None:
-    sys.path.insert(0, str(SYNTHETIC_CORPUS))
-    from synthetic_corpus import lmsys_rows, write_jsonl
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[50_000, 200_000])
     parser.add_argument("--num-proc", type=int, default=2)

@@ -5,10 +5,7 @@
 
 from data_builders.config import BuildConfig
 
-__all__ = ["BuildConfig", "NOTHING_KEPT", "build"]
-
-# What an interrupted build says when it left nothing (a Ctrl-C before anything was worth keeping).
-NOTHING_KEPT = "nothing of this build was kept; rerun to build again"
+__all__ = ["BuildConfig", "build"]
 
 
 def build(config: BuildConfig, command: str = "python -m data_builders"):

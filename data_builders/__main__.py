@@ -5,8 +5,8 @@ import sys
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from data_builders import NOTHING_KEPT  # noqa: E402
 from data_builders.config import BuildConfig  # noqa: E402
+from data_builders.report import NOTHING_KEPT  # noqa: E402
 from headstart.config import HelpShown, exit_on_help, report_interrupt  # noqa: E402
 
 try:  # `--help` before the builder's imports (torch, transformers, vLLM's client)

@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 from datasets import Dataset, DatasetDict, DatasetInfo
 
-from data_builders import NOTHING_KEPT
 from data_builders.analyse import VERSION as ANALYSIS_VERSION
 from data_builders.analyse import analyse_batch
 from data_builders.answers import cut_answers, has_answer
@@ -35,7 +34,7 @@ from data_builders.output import (
     save,
 )
 from data_builders.pairs import STAT_COLUMNS, expand_batch
-from data_builders.report import Report
+from data_builders.report import NOTHING_KEPT, Report
 from data_builders.select import choose, column, eligible_rows
 from data_builders.sources import SOURCES
 from headstart.benchmark_registry import MBPP_SPLIT_IDS

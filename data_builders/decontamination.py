@@ -93,16 +93,6 @@ def _window_hashes(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
     return hashes[valid], owner[valid]
 
 
-def ngram_hashes(text: str, n: int) -> np.ndarray:
-    """The word n-gram hashes of one text.
-
-    Args:
-        text (str): the text.
-        n (int): the n-gram's length in words.
-    """
-    return _window_hashes([text], n)[0]
-
-
 @dataclass
 class DecontaminationIndex:
     """Exact-match and n-gram hashes of benchmark texts, with where they came from."""

@@ -20,10 +20,9 @@ from pathlib import Path
 from datasets import Dataset, DatasetDict
 from omegaconf import OmegaConf
 
-from data_builders import NOTHING_KEPT
 from data_builders.card import render_card
 from data_builders.config import BuildConfig
-from data_builders.report import Report
+from data_builders.report import NOTHING_KEPT, Report
 from headstart.run_dir import MARK, read_mark, write_mark
 
 OUTPUT_MARKER = MARK

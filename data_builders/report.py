@@ -38,6 +38,9 @@ REASONS = {
                             "teach the model to stop early",
 }
 
+# What an interrupted build says when it left nothing (a Ctrl-C before anything was worth keeping).
+NOTHING_KEPT = "nothing of this build was kept; rerun to build again"
+
 
 def explain(reason: str) -> str:
     """What a drop reason means, in words ("" for an unknown one).

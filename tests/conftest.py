@@ -3,7 +3,7 @@
 The tokenizer is a byte-level BPE trained here on HumanEval prompts, so every
 test request tokenizes into realistic pieces; the models are randomly
 initialised Qwen3 and Llama networks small enough to decode hundreds of tokens
-per second on one core (tests/support/tiny_models.py builds both; the device check uses them too).
+per second on one core (scripts/device_check/tiny_models.py builds both, for the device check too).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import build_tiny_model, build_tiny_tokenizer  # tests/support/tiny_models.py
+from device_check.tiny_models import build_tiny_model, build_tiny_tokenizer
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

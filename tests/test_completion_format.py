@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from device_check.tiny_models import build_tiny_model, build_tiny_tokenizer
 
 from eval.benchmarks import BENCHMARKS, get_benchmark
 from eval.engines.decode import DecodeSpec
@@ -19,7 +20,6 @@ from headstart.completion import FRAMES, TRANSCRIPT, cut_at_stop, render_complet
 from headstart.models import load_model, resolve_prompt_format
 from headstart.prompts import build_messages, encode_prompt, prompt_family, read_training_record, write_training_record
 from headstart.segment import prefixes
-from tests.support.tiny_models import build_tiny_model, build_tiny_tokenizer
 
 # Every count a record carries (tests/test_count_mode.py's), and the answers.
 COUNTED = ("base_answer", "stream_answer", "base_tokens", "stream_tokens", "draft_tokens", "accepted_tokens",

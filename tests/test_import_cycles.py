@@ -1,4 +1,5 @@
-"""No import cycles in eval/ or among the studies (benchmarks/study_*.py).
+"""No import cycles in any package (headstart, eval, train, data_builders) nor among the scripts
+(benchmarks/, scripts/).
 
 The graph is read from the source with `ast`: every import counts, at a module's top, under
 `if TYPE_CHECKING:` and inside a function alike, since a cycle hidden behind a TYPE_CHECKING
@@ -9,20 +10,34 @@ live in a module that imports neither side.
 from __future__ import annotations
 
 import ast
+import re
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+PACKAGES = ("headstart", "eval", "train", "data_builders")
+SCRIPT_FOLDERS = ("benchmarks", "scripts")
+
+
+def dotted(path: Path, root: Path) -> str:
+    """The module name of `path` under `root` (a package's `__init__` is the package)."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def module_files() -> dict[str, Path]:
-    """Dotted name -> file of every module of eval/, and the studies by their script names
-    (they import each other as scripts beside each other)."""
+    """Dotted name -> file of every module of the packages, and of the scripts both by their path
+    from the repository and from their folder (a script imports those beside it, and the packages
+    among them, by the shorter name: the folder is on its sys.path)."""
     modules = {}
-    for path in sorted((REPO / "eval").rglob("*.py")):
-        parts = path.relative_to(REPO).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    for path in sorted((REPO / "benchmarks").glob("study_*.py")):
-        modules[path.stem] = path
+    for package in PACKAGES:
+        modules |= {dotted(path, REPO): path for path in sorted((REPO / package).rglob("*.py"))}
+    for folder in SCRIPT_FOLDERS:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            modules[dotted(path, REPO / folder)] = path
+            modules[dotted(path, REPO)] = path
     return modules
 
 
@@ -48,8 +63,11 @@ def imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules it imports; a script's two names are one node (its dotted path)."""
     modules = module_files()
-    return {name: imported_modules(path, modules) - {name} for name, path in modules.items()}
+    node = {path: name for name, path in modules.items()}  # the dotted path: inserted last
+    return {node[path]: {node[modules[m]] for m in imported_modules(path, modules)} - {node[path]}
+            for path in set(modules.values())}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -96,9 +114,11 @@ def test_the_cycle_finder_finds_a_cycle_through_a_type_checking_import(tmp_path)
     assert imported_modules(source, {"eval.x": source, "eval.z": source, "eval": source}) == {"eval.x", "eval.z"}
 
 
-def test_eval_and_the_studies_have_no_import_cycles():
+def test_no_package_and_no_script_has_an_import_cycle():
     graph = import_graph()
-    assert "eval.engines.decode" in graph and "study_adaptation" in graph  # the graph covers both trees
+    covered = ("eval.engines.decode", "train.sft_config", "data_builders.build", "headstart.config",
+               "benchmarks.study_adaptation", "scripts.device_check")
+    assert all(name in graph for name in covered), sorted(set(covered) - set(graph))  # every tree is read
     assert cycles(graph) == []
 
 
@@ -113,3 +133,35 @@ def test_nothing_outside_the_sandbox_imports_its_private_names():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eval.sandbox"):
                 private += [f"{path.relative_to(REPO)}: {a.name}" for a in node.names if a.name.startswith("_")]
     assert private == []
+
+
+SOURCE_FOLDERS = PACKAGES + SCRIPT_FOLDERS
+
+
+def source_files() -> list[Path]:
+    return [path for folder in SOURCE_FOLDERS for path in sorted((REPO / folder).rglob("*.py"))]
+
+
+def test_nothing_outside_the_tests_reaches_into_them():
+    """The tests' support code is theirs alone: no package, benchmark or script imports it or
+    puts tests/ on its path (what both need lives outside tests/: scripts/device_check/tiny_models.py,
+    benchmarks/synthetic_corpus.py)."""
+    reaching = [str(path.relative_to(REPO)) for path in source_files()
+                if re.search(r"tests[/.]support|/ \"tests\"", path.read_text())]
+    assert reaching == []
+
+
+def test_every_public_function_and_class_of_the_packages_is_used_outside_the_tests():
+    """A package ships no code only the tests call: each top-level public function and class is
+    named somewhere in the packages, benchmarks or scripts besides its own definition."""
+    texts = [path.read_text() for path in source_files()]
+    counts = Counter(word for text in texts for word in re.findall(r"[A-Za-z_]\w*", text))
+    unused = []
+    for path, text in zip(source_files(), texts):
+        if path.relative_to(REPO).parts[0] in SCRIPT_FOLDERS:
+            continue
+        for node in ast.parse(text).body:
+            named = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            if named and not node.name.startswith("_") and counts[node.name] < 2:
+                unused.append(f"{path.relative_to(REPO)}: {node.name}")
+    assert unused == []

@@ -343,14 +343,14 @@ def training_loss(model, objective: str, batch: dict[str, torch.Tensor]) -> torc
         logits_to_keep,
         teacher_targets,
     )
-    from train.refusion_objective import refusion_loss
+    from train.refusion_objective import weighted_token_losses
 
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
     if objective == "sft":
         return model(**inputs, labels=batch["labels"], fused_lm_head=True, use_cache=False).loss
     if objective == "refusion":
         logits = model(**inputs, use_cache=False).logits
-        return refusion_loss(logits, batch["labels"], (batch["labels"] != -100).float())
+        return weighted_token_losses(logits, batch["labels"], (batch["labels"] != -100).float()).sum()
     keep = logits_to_keep(batch["labels"])
     with torch.no_grad(), model.disable_adapter():
         teacher = model(**inputs, use_cache=False, logits_to_keep=keep).logits

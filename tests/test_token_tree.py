@@ -15,7 +15,12 @@ from eval.engines.lookup import LongestMatchProposer, regeneration_widths
 from eval.engines.lookup_policy import LookupPolicy
 from eval.engines.token_tree import ROOT, TokenTree, TreeProposer, tree_matched
 from eval.engines.tokens import common_prefix_length
-from eval.engines.tree_mask import tree_attention_mask, tree_masks
+from eval.engines.tree_mask import additive_mask, tree_masks, tree_visibility, within_window
+
+
+def tree_attention_mask(tree: TokenTree, depths: list[int], past: int, dtype: torch.dtype, window: int | None = None):
+    """The additive mask of a single-layer-type model's tree forward (what `tree_masks` returns there)."""
+    return additive_mask(within_window(tree_visibility(tree, depths, past, "cpu"), depths, past, window), dtype)
 
 
 def contexts_and_continuations(sources: list[list[int]], answer: list[int], min_context: int, length: int):

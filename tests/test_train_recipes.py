@@ -128,7 +128,8 @@ def test_training_section_is_trls_sft_config():
 
 
 def test_training_help_rows_come_from_sft_configs_metadata():
-    from train.sft_config import TRAINING_DEFAULTS, training_help_rows
+    from train.sft_config import training_help_rows
+    from train.training_fields import TRAINING_DEFAULTS
 
     rows = {name: (kind, default, text) for name, kind, default, text in training_help_rows()}
     assert set(rows) == set(TRAINING_DEFAULTS)

@@ -21,7 +21,7 @@ from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, detect_family, render_p
 from headstart.refusion import MASK_TOKEN, mask_token_id
 from headstart.run_dir import MARK
 from train.config import RecipeValueError
-from train.refusion_objective import RefusionCollator, RefusionTrainer, SlotDraw, draw_slots, lay_out, refusion_loss
+from train.refusion_objective import RefusionCollator, RefusionTrainer, SlotDraw, draw_slots, lay_out, weighted_token_losses
 from train.relaunch import check_run_dir
 from train.sft import parse_recipe
 from train.splits import load_data, training_family
@@ -139,7 +139,7 @@ def test_per_example_loss_equals_a_direct_computation(monkeypatch):
                 clean.append(ce(b, j, label))
         per_example.append(sum(clean) / len(clean) + masked / answer_length)
     expected = sum(per_example) / len(per_example)
-    actual = refusion_loss(logits, batch["labels"], batch["loss_weights"])
+    actual = weighted_token_losses(logits, batch["labels"], batch["loss_weights"]).sum()
     assert actual.item() == pytest.approx(expected, rel=1e-5)
 
 
@@ -201,7 +201,7 @@ def test_default_loss_is_upstreams_and_example_is_the_per_example_mean(monkeypat
         batch = collator(MIXED)
         logits = torch.randn(*batch["input_ids"].shape, 100, generator=torch.Generator().manual_seed(1))
         loss, parts = _trainer_loss(batch, logits)
-        assert refusion_loss(logits, batch["labels"], batch["loss_weights"]).item() == pytest.approx(loss, rel=1e-6)
+        assert weighted_token_losses(logits, batch["labels"], batch["loss_weights"]).sum().item() == pytest.approx(loss, rel=1e-6)
         assert parts["clean_loss"] + parts["masked_loss"] == pytest.approx(loss, rel=1e-6)
         if clean_average == "batch":
             ar, mdm = _upstream_parts(batch, logits, p, lengths)
@@ -272,7 +272,7 @@ def test_a_few_steps_lower_the_loss(tiny_refusion):
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(8):
-        loss = refusion_loss(model(**inputs, use_cache=False).logits, batch["labels"], batch["loss_weights"])
+        loss = weighted_token_losses(model(**inputs, use_cache=False).logits, batch["labels"], batch["loss_weights"]).sum()
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -105,7 +105,7 @@ class RunSection:
 def training_defaults() -> dict[str, Any]:
     """The `training:` section a recipe starts from: the fields `HeadstartSFTConfig` declares, at
     its defaults (imported when a recipe is read: TRL is heavy, and train.memory's help needs none)."""
-    from train.sft_config import TRAINING_DEFAULTS
+    from train.training_fields import TRAINING_DEFAULTS
 
     return dict(TRAINING_DEFAULTS)
 

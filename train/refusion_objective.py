@@ -31,7 +31,7 @@ of an optimizer step does not depend on how its examples are split into equal mi
 makes the clean term a per-example mean again.
 
 The collator writes each target's share of the micro-batch loss as its weight (`loss_shares`),
-so either form is one weighted sum of per-token cross-entropies (`refusion_loss`).
+so either form is one weighted sum of per-token cross-entropies (`weighted_token_losses` summed).
 
 Draft-refinement rows: the draft D_{i-1} sits at the start of the answer buffer as
 committed text: right after the prompt, clean, visible to every answer token, never a
@@ -275,18 +275,6 @@ def weighted_token_losses(logits: torch.Tensor, labels: torch.Tensor, loss_weigh
     return losses.view_as(labels) * loss_weights
 
 
-def refusion_loss(logits: torch.Tensor, labels: torch.Tensor, loss_weights: torch.Tensor) -> torch.Tensor:
-    """The ReFusion loss of a micro-batch laid out by `RefusionCollator` (see the module docstring):
-    the sum of each target's share of it times its cross-entropy.
-
-    Args:
-        logits (torch.Tensor): [B, L, V] the model's logits.
-        labels (torch.Tensor): [B, L] each position's target, IGNORE_INDEX where none.
-        loss_weights (torch.Tensor): [B, L] each position's share of the loss (`loss_shares`).
-    """
-    return weighted_token_losses(logits, labels, loss_weights).sum()
-
-
 def add_trainable_tokens(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, lora: LoraConfig) -> list[int]:
     """Add the ReFusion tokens where missing (resizing the embeddings) and let their rows
     train beside the adapter (PEFT trainable tokens: only those rows are trained and saved).
@@ -341,7 +329,7 @@ class RefusionTrainer(SFTTrainer):
         labels, weights = inputs.pop("labels"), inputs.pop("loss_weights")
         outputs = model(**inputs, use_cache=False)
         weighted = weighted_token_losses(outputs.logits, labels, weights)
-        loss = weighted.sum()  # = refusion_loss: the collator's weights are each target's share
+        loss = weighted.sum()  # the collator's weights are each target's share
         masked = inputs["input_ids"] == self.data_collator.mask_token_id
         mode = "train" if self.model.training else "eval"
         for name, part in (("clean_loss", weighted[~masked]), ("masked_loss", weighted[masked])):  # they sum to loss

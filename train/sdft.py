@@ -42,8 +42,9 @@ from headstart.prompts import Family, chat_template, detect_family, encode_promp
 from train.batch import batch_plan
 from train.config import RecipeValueError, TrainRecipe
 from train.data import check_rows
-from train.sft_config import TRAINING_DEFAULTS, trainer_arguments
+from train.sft_config import trainer_arguments
 from train.tokenization import FULL_REQUEST, check_full_requests, dialogue, streamed_turn, with_system
+from train.training_fields import TRAINING_DEFAULTS
 
 # The API is experimental upstream; the pinned trl 1.16 is what this module and its tests use.
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

@@ -50,23 +50,6 @@ def tree_masks(config: PretrainedConfig, tree: TokenTree, depths: list[int], pas
             for layer_type, window in windows.items()}
 
 
-def tree_attention_mask(tree: TokenTree, depths: list[int], past: int, dtype: torch.dtype, window: int | None = None,
-                        device: torch.device | str = "cpu") -> torch.Tensor:
-    """Additive mask (1, 1, 1 + nodes, past + 1 + nodes) of the forward over the root and the
-    nodes (at `depths`) after `past` cached tokens: each row sees everything cached, the root,
-    its node's ancestors and itself; with `window`, only keys fewer than `window` positions behind.
-
-    Args:
-        tree (TokenTree): the token tree.
-        depths (list[int]): each node's depth.
-        past (int): how many tokens the cache holds.
-        dtype (torch.dtype): the mask's dtype.
-        window (int | None): the sliding window's length, or None for full attention.
-        device (torch.device | str): the mask's device.
-    """
-    return additive_mask(within_window(tree_visibility(tree, depths, past, device), depths, past, window), dtype)
-
-
 def tree_visibility(tree: TokenTree, depths: list[int], past: int, device: torch.device | str) -> torch.Tensor:
     """(1 + nodes, past + 1 + nodes) booleans: what each row of the tree forward may see, no window.
 

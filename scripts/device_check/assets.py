@@ -113,7 +113,7 @@ def unmet_requirements(names: tuple[str, ...]) -> list[str]:
 
 
 def prepare_assets(check: Check) -> None:
-    """The tiny Qwen3 and its tokenizer (the test suite's `tiny_models`) and the training data, once.
+    """The tiny Qwen3 and its tokenizer (`device_check.tiny_models`, the test suite's too) and the training data, once.
 
     Args:
         check (Check): the check's run: directory, device, environment.
@@ -123,7 +123,7 @@ def prepare_assets(check: Check) -> None:
         return
     shutil.rmtree(check.assets, ignore_errors=True)
     check.assets.mkdir(parents=True)
-    from tiny_models import build_tiny_model, build_tiny_tokenizer
+    from device_check.tiny_models import build_tiny_model, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer(check.assets / "tokenizer")
     build_tiny_model(check.model_dir, "qwen3", tokenizer)

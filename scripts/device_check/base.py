@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# The GPU machine runs a copy of the checkout where headstart is not installed; the tiny models
-# are the test suite's own (its support folder).
-sys.path[:0] = [str(REPO), str(REPO / "tests" / "support")]
+# The GPU machine runs a copy of the checkout where headstart is not installed.
+sys.path[:0] = [str(REPO)]
 KIND = "device-check"  # its headstart.run_dir mark
 DEFAULT_OUTPUT = "/tmp/headstart-device-check"
 

