@@ -265,7 +265,12 @@ def main() -> None:
         finally:
             if server:
                 server.close()
+    print_table(args, runs, works)
 
+
+def print_table(args: argparse.Namespace, runs: dict[tuple[str, str, int], list[dict]],
+                works: dict[tuple[str, int], dict]) -> None:
+    """The side-by-side table of every benchmark and typist count, then the first benchmark's line."""
     rows, first = [], None
     for benchmark in args.benchmarks:
         for typists in sorted(args.typists):

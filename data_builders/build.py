@@ -45,7 +45,7 @@ from headstart.devices import default_device, resolve_device
 from headstart.models import model_prompt_family
 from headstart.paths import outputs_dir, resolve_path
 from headstart.prompts import Family
-from headstart.run_dir import check_writable
+from headstart.run_dir import check_writable, holding_run_dir
 from headstart.vllm_client import vllm_unavailable
 
 
@@ -146,18 +146,20 @@ def build(config: BuildConfig, command: str = "python -m data_builders") -> Path
     check_locations(config)
     report = Report()
     created, saved = not work.exists(), False
-    try:
-        open_work_dir(work)
-        with report.timed(work, "build"):
-            splits = _build_splits(config, output, work, created, report)
-        save(DatasetDict(splits), config, report, output, command)
-        saved = True
-        discard_replaced(output)
-        report.forget_seconds(work)  # a finished build: the next build of this name starts its own clock
-        if not config.keep_work_dir:
-            remove_work_dir(work)
-    except KeyboardInterrupt as interrupt:
-        raise BuildInterrupted(after_interrupt(output, work, created, saved)) from interrupt
+    # Held while building: a second build of this output at once is refused, naming this one's pid.
+    with holding_run_dir(work, "work_dir"):
+        try:
+            open_work_dir(work)
+            with report.timed(work, "build"):
+                splits = _build_splits(config, output, work, created, report)
+            save(DatasetDict(splits), config, report, output, command)
+            saved = True
+            discard_replaced(output)
+            report.forget_seconds(work)  # a finished build: the next build of this name starts its own clock
+            if not config.keep_work_dir:
+                remove_work_dir(work)
+        except KeyboardInterrupt as interrupt:
+            raise BuildInterrupted(after_interrupt(output, work, created, saved)) from interrupt
     return output
 
 
@@ -332,9 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"saved {output}")
         print((output / "README.md").read_text().split("## Inputs")[0].rstrip())
 
-    try:
-        return cli_main(run)
-    except BuildInterrupted as interrupted:
-        return report_interrupt(str(interrupted))
-    except KeyboardInterrupt:  # before the build began: reading the recipe, loading imports
+    try:  # a Ctrl-C during the build says what it kept (BuildInterrupted's text), before it: nothing
+        return cli_main(run, kept=NOTHING_KEPT)
+    except KeyboardInterrupt:  # before cli_main took over Ctrl-C
         return report_interrupt(NOTHING_KEPT)

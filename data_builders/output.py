@@ -23,13 +23,13 @@ from omegaconf import OmegaConf
 from data_builders.card import render_card
 from data_builders.config import BuildConfig
 from data_builders.report import NOTHING_KEPT, Report
-from headstart.run_dir import MARK, read_mark, write_mark
+from headstart.run_dir import LOCK, MARK, read_mark, write_mark
 
 OUTPUT_MARKER = MARK
 RUN_KIND = "data"
 WORK_MARKER = ".headstart-work"
 # What a build writes into its work directory (datasets' map adds shard suffixes and tmp files).
-WORK_FILES = ("requests-*", "analysed-*", "pairs-*", "answers-*", "seconds.json", "tmp*")
+WORK_FILES = ("requests-*", "analysed-*", "pairs-*", "answers-*", "seconds.json", "tmp*", LOCK)  # LOCK: the running build's
 MARKED_BY = "python -m data_builders"
 # The cache files `datasets` writes beside a saved split when it is mapped, filtered or shuffled
 # (`cache-<fingerprint>.arrow`, with a `_00000_of_00004` shard suffix under num_proc).

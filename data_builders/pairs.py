@@ -37,26 +37,16 @@ def expand_batch(
     family: Family | None = None,
     frame: str = "transcript",
 ) -> dict[str, list[Any]]:
-    """Rows for one batch of chosen requests; `indices` are positions in `rows`.
-
-    `answers` holds generated answers by row; None means the corpus's own
-    reference, read from the batch so a large build never holds them all.
+    """Rows for one batch of chosen requests; `indices` are positions in `rows`. `answers` holds generated
+    answers by row; None: the corpus's own reference, read from the batch (a large build never holds them all).
 
     Args:
-        batch (dict[str, list[Any]]): a batch of analysed requests, by column.
-        indices (list[int]): positions in `rows` of the batch's requests.
         rows (np.ndarray): row numbers of the chosen requests.
-        selection (Selection): the chosen requests and the prefixes each keeps.
-        answers (dict[int, str] | None): generated answers by row; None: the corpus's own references.
-        drafts (dict[tuple[int, int], str] | None): the model's answers to S_(i-1) by (row, i), for draft-refinement;
-            None otherwise.
+        drafts (dict[tuple[int, int], str] | None): the model's answers to S_(i-1) by (row, i), for draft-refinement.
         fmt (str): the rows' format ("ar" or "refusion").
-        answer_kind (str): what wrote the answers, recorded in each row.
         tokenizer (Any | None): the tokenizer that counts prompt tokens, or None to count none.
-        answer_model (str | None): the model that wrote the answers, or None for the corpus's own.
         family (Family | None): the prompt format an AR model reads (token counts of its prompts).
-        frame (str): the completion frame of a base model's rows (headstart.completion.FRAMES), written in
-            their `frame` column (family "completion" only).
+        frame (str): the completion frame (headstart.completion.FRAMES) of a base model's rows (family "completion").
     """
     out: dict[str, list[Any]] = {k: [] for k in PROVENANCE}
     queries, responses, draft_texts = [], [], []

@@ -22,6 +22,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from headstart.interrupts import one_press
 from headstart.paths import RECIPES_DIR
 
 T = TypeVar("T")
@@ -29,6 +30,21 @@ T = TypeVar("T")
 
 class RecipeError(ValueError):
     """A recipe or override that cannot be applied; the message says which and why."""
+
+
+def check_range(setting: str, value: float, low: float, high: float | None = None, none_means: str = "") -> None:
+    """Refuse a numeric setting outside [low, high] before any work: a typo (`lookup_tree=100000`, a
+    negative cache size) would otherwise be found minutes later, or never.
+
+    Args:
+        setting (str): the key as the user writes it (`decode.lookup_tree`).
+        high (float | None): the largest value taken; None: no upper bound.
+        none_means (str): what null means, for a setting that takes null (said in the error).
+    """
+    if low <= value and (high is None or value <= high):
+        return
+    allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
+    raise ValueError(f"{setting} must be {allowed}{f' (or null: {none_means})' if none_means else ''}, not {value}")
 
 
 def find_recipe(name: str, recipes_dir: Path = RECIPES_DIR) -> Path:
@@ -77,7 +93,14 @@ def load_config(schema: type[T], argv: list[str], recipes_dir: Path = RECIPES_DI
         except (OSError, OmegaConfBaseException, ValueError) as error:
             raise RecipeError(f"cannot read recipe {path}: {error}") from error
         config = _merge(config, recipe, f"recipe {path}")
-    config = _merge(config, OmegaConf.from_dotlist(overrides), "command line")
+    try:
+        config = _merge(config, OmegaConf.from_dotlist(overrides), "command line")
+    except RecipeError as error:
+        empty = [a.split("=", 1)[0] for a in overrides if a.endswith("=")]
+        key = getattr(error.__cause__, "full_key", None)
+        if key in empty:  # OmegaConf reads `key=` as null, and says only that null is incompatible
+            raise RecipeError(f"{key}= gives no value, and {key} cannot be null; give one (--help lists it)") from error
+        raise
     return OmegaConf.to_object(config)
 
 
@@ -86,24 +109,32 @@ def load_config(schema: type[T], argv: list[str], recipes_dir: Path = RECIPES_DI
 # be one (an output directory that is a file or sits under one, a directory where a file
 # is due, no permission). Anything else is a bug or an accident of the machine, and keeps
 # its traceback.
+# What an interrupted entry point says it kept, unless it says more: each writes its results as they finish.
+KEPT_ON_INTERRUPT = "what was finished is kept (the same command resumes from it)"
 PATH_ERRORS = (FileNotFoundError, FileExistsError, PermissionError, NotADirectoryError, IsADirectoryError)
 CLI_ERRORS = (RecipeError, ValueError, *PATH_ERRORS)
 
 
-def cli_main(body: Callable[[], Any]) -> int:
+def cli_main(body: Callable[[], Any], kept: str = KEPT_ON_INTERRUPT) -> int:
     """Run an entry point's body: `CLI_ERRORS` end with their message on stderr and exit
-    code 2 instead of a traceback, `--help` with 0; returns the exit code.
+    code 2 instead of a traceback, `--help` with 0, one Ctrl-C with one line and 130; returns
+    the exit code.
 
     Args:
         body (Callable[[], Any]): the entry point's work, called with no arguments.
+        kept (str): what an interrupted run keeps, said to the user (unless the interrupt says it).
     """
-    try:
-        body()
-    except HelpShown:
-        return 0
-    except CLI_ERRORS as error:
-        print(f"error: {error_line(error)}", file=sys.stderr)
-        return 2
+    with one_press() as interrupt_handled:
+        try:
+            body()
+        except HelpShown:
+            return 0
+        except CLI_ERRORS as error:
+            print(f"error: {error_line(error)}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as interrupt:
+            interrupt_handled()
+            return report_interrupt(str(interrupt) or kept)  # an interrupt may say what its run kept
     return 0
 
 

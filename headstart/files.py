@@ -75,9 +75,20 @@ def iter_rows(path: str | Path) -> Iterator[dict[str, Any]]:
         yield row.data
 
 
+def require_file(path: str | Path, what: str = "data file") -> None:
+    """Refuse a path that is not a file, saying which way: absent, or a directory.
+
+    Args:
+        what (str): what the file is, for the error ("data file").
+    """
+    if Path(path).is_dir():
+        raise IsADirectoryError(f"{what} {path} is a directory; give a file")
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{what} not found: {path}")
+
+
 def _read(path: Path, strict_utf8: bool) -> Iterator[RawRow]:
-    if not path.is_file():
-        raise FileNotFoundError(f"data file not found: {path}")
+    require_file(path)
     kind = file_format(path)
     if kind == "parquet":
         yield from _parquet_rows(path)

@@ -11,13 +11,21 @@ anybody's). Before anything is read or written, `check_output_dir` sorts a direc
 - resumable: it holds the record of this kind;
 - refused: anything else (a file, a non-empty directory without the record, the record
   of another kind, a damaged record): one line naming it, nothing written.
+
+A process holds the directory it writes with `holding_run_dir` (an advisory `flock` on
+`.headstart-lock`, removed when the run ends; a killed process's lock is released by the kernel): a second run
+on the same directory at the same time is refused with the first's pid, instead of both
+computing every request and appending duplicate records.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,7 +36,9 @@ WRITTEN_BY = "headstart"
 
 Verdict = Literal["new", "resumable"]
 # headstart's own passing files (a write probe, a record being written): never a user's.
-TRANSIENT_PREFIXES = (".headstart-write-check-", f".{MARK}.")
+LOCK = ".headstart-lock"
+TRANSIENT_PREFIXES = (".headstart-write-check-", f".{MARK}.", LOCK)
+_held_locks: dict[Path, int] = {}  # directory -> its open lock file, while this process holds it
 
 
 def _entries(directory: Path) -> list[Path]:
@@ -105,6 +115,61 @@ def write_mark(directory: str | Path, kind: str, record: dict[str, Any] | None =
     with os.fdopen(handle, "w") as stream:
         stream.write(json.dumps(mark, indent=1, sort_keys=True) + "\n")
     os.replace(partial, directory / MARK)
+
+
+@contextmanager
+def holding_run_dir(directory: str | Path, setting: str = "output_dir") -> Iterator[None]:
+    """Hold `directory` (created if need be) for the block: a directory another live process holds
+    is refused, naming its pid. Nested holds of one directory in one process are one hold.
+
+    Args:
+        directory (str | Path): the run directory this process writes.
+        setting (str): the name the user gave the directory by, for the message.
+    """
+    directory = Path(directory).resolve()
+    if directory in _held_locks:
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    handle = _lock(directory / LOCK, setting, directory)
+    _held_locks[directory] = handle
+    try:
+        yield
+    finally:
+        del _held_locks[directory]
+        _unlink_own(directory / LOCK, handle)  # while still held: a process that opened it finds it gone, and retries
+        os.close(handle)
+
+
+def _unlink_own(path: Path, handle: int) -> None:
+    """Remove the lock file if it is still this process's (the run may have removed its directory)."""
+    try:
+        if os.stat(path).st_ino == os.fstat(handle).st_ino:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _lock(path: Path, setting: str, directory: Path) -> int:
+    """The open, locked lock file at `path`, this process's pid written in it."""
+    while True:
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(handle, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(handle)
+            raise OutputDirError(f"{setting} {directory} is being written by another run (pid {holder}); wait for it "
+                                 f"to end, or choose another {setting}") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(handle).st_ino:  # not a file its last holder unlinked meanwhile
+                break
+        except FileNotFoundError:
+            pass
+        os.close(handle)
+    os.ftruncate(handle, 0)
+    os.pwrite(handle, str(os.getpid()).encode(), 0)
+    return handle
 
 
 def check_writable(directory: str | Path, setting: str = "output_dir") -> None:

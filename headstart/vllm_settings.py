@@ -7,10 +7,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from headstart.config import check_range
 from headstart.paths import INSTALL_ROOT
 
 # Where scripts/setup_vllm.sh makes it: the root of the checkout headstart is installed from.
 DEFAULT_VENV = INSTALL_ROOT / ".venv-vllm"
+MOST_GPUS = 1024  # a typo guard on the parallel sizes
 
 
 @dataclass
@@ -67,12 +69,17 @@ class VLLMSettings:
     seed: int = field(default=0, metadata={"help": "vLLM's seed (decoding is greedy; it only fixes vLLM's own initialisation)."})
 
     def __post_init__(self) -> None:
-        if self.tensor_parallel_size < 1 or self.data_parallel_size < 1:
-            raise ValueError("vllm.tensor_parallel_size and vllm.data_parallel_size must be >= 1")
+        check_range("vllm.tensor_parallel_size", self.tensor_parallel_size, 1, MOST_GPUS)
+        check_range("vllm.data_parallel_size", self.data_parallel_size, 1, MOST_GPUS)
+        if self.max_model_len is not None:  # the run's own need (prompts + answer) is checked by its config
+            check_range("vllm.max_model_len", self.max_model_len, 2, none_means="what the run needs")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"vllm.gpu_memory_utilization must be in (0, 1] or null, not {self.gpu_memory_utilization}")
-        if self.gpu_memory_margin_gib < 0:
-            raise ValueError(f"vllm.gpu_memory_margin_gib must be >= 0, not {self.gpu_memory_margin_gib}")
+        check_range("vllm.gpu_memory_margin_gib", self.gpu_memory_margin_gib, 0)
+        check_range("vllm.cpu_kv_cache_gib", self.cpu_kv_cache_gib, 1)
+        if self.block_size is not None:
+            check_range("vllm.block_size", self.block_size, 1, 1024, none_means="32 on CPU, vLLM's default on GPU")
+        check_range("vllm.seed", self.seed, 0)
 
 
 def vllm_python(settings: VLLMSettings | None = None) -> Path:

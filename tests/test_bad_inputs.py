@@ -115,7 +115,19 @@ def data_main(argv):
 CASES = {
     # python -m eval
     "eval system_prompt typo": (eval_main, lambda b, t: ["system_prompt=incomplet"], ["system message setting 'incomplet'"]),
-    "eval fast_batch_size=0": (eval_main, lambda b, t: ["fast_batch_size=0"], ["fast_batch_size must be >= 1"]),
+    "eval fast_batch_size=0": (eval_main, lambda b, t: ["fast_batch_size=0"], ["fast_batch_size must be in [1, 65536], not 0"]),
+    # issue 61: each of these was accepted, named no file, read as a range error, or was refused only after the model
+    "eval lookup_tree=100000": (eval_main, lambda b, t: ["decode.lookup_match=longest", "decode.lookup_tree=100000"],
+                                ["decode.lookup_tree must be in [1, 256], not 100000"]),
+    "eval negative vllm cache": (eval_main, lambda b, t: ["vllm.cpu_kv_cache_gib=-1"], ["vllm.cpu_kv_cache_gib must be >= 1"]),
+    "eval vllm.max_model_len=10": (eval_main, lambda b, t: ["backend=vllm", "vllm.max_model_len=10"],
+                                   ["vllm.max_model_len=10 cannot hold", "decode.max_new_tokens="]),
+    "eval empty system_prompt": (eval_main, lambda b, t: ["system_prompt="],
+                                 ["system_prompt= gives no value, and system_prompt cannot be null"]),
+    "eval data_path a directory": (eval_main, lambda b, t: [f"data_path={t}"], ["is a directory; give a file"]),
+    "eval typing file not UTF-8": (eval_main, lambda b, t: [f"typing={b['binary']}"], ["rows.jsonl: not UTF-8 text"]),
+    "eval lookup_tree without its companion": (eval_main, lambda b, t: ["decode.lookup_tree=8"],
+                                               ["decode.lookup_tree=8 needs the companion setting decode.lookup_match=longest"]),
     "eval dtype typo": (eval_main, lambda b, t: ["dtype=bfloat61"], ["dtype='bfloat61'", "bfloat16"]),
     "eval device typo": (eval_main, lambda b, t: ["device=cdua"], ["device='cdua' is not a torch device"]),
     "eval limit=0 model without weights": (eval_main, lambda b, t: [f"model={b['no_weights']}", "limit=0"],

@@ -1,5 +1,6 @@
-"""No import cycles in any package (headstart, eval, train, data_builders) nor among the scripts
-(benchmarks/, scripts/).
+"""The code's shape: no import cycle in any package (headstart, eval, train, data_builders) nor among
+the scripts (benchmarks/, scripts/); no test-only code in them; no function longer than
+LONGEST_FUNCTION lines (its docstring included).
 
 The graph is read from the source with `ast`: every import counts, at a module's top, under
 `if TYPE_CHECKING:` and inside a function alike, since a cycle hidden behind a TYPE_CHECKING
@@ -165,3 +166,17 @@ def test_every_public_function_and_class_of_the_packages_is_used_outside_the_tes
             if named and not node.name.startswith("_") and counts[node.name] < 2:
                 unused.append(f"{path.relative_to(REPO)}: {node.name}")
     assert unused == []
+
+
+LONGEST_FUNCTION = 60
+
+
+def test_no_function_is_longer_than_sixty_lines():
+    long = []
+    for path in source_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONGEST_FUNCTION:
+                    long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {lines} lines")
+    assert long == []

@@ -211,3 +211,72 @@ def test_a_rebuilt_dataset_at_the_same_path_is_not_resumed_on(tmp_path, tiny_qwe
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert "data.path holds other rows" in refused.stderr and "Traceback" not in refused.stderr
     assert files_of(out) == before
+
+
+# --- One run writes a directory at a time ------------------------------------------------
+
+HOLD_AND_WAIT = ("import sys, time\nfrom headstart.run_dir import holding_run_dir\n"
+                 "with holding_run_dir(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)\n")
+
+
+def held_by_another_process(directory: Path) -> subprocess.Popen:
+    """A process holding `directory` (as a running evaluation or training does) until killed."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_WAIT, str(directory)], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_directory_another_run_writes_is_refused_with_its_pid(tmp_path, tiny_qwen3_dir, capsys):
+    """Two evaluations on one output_dir at once used to both compute every request and append
+    duplicate records; the second is now refused in one line naming the first's pid."""
+    output = tmp_path / "eval"
+    holder = held_by_another_process(output)
+    try:
+        argv = ["recipe=humaneval_smollm2", f"model={tiny_qwen3_dir}", "limit=1", "decode.max_new_tokens=8",
+                f"output_dir={output}"]
+        assert eval_main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"is being written by another run (pid {holder.pid})" in err and "Traceback" not in err
+        assert not (output / "results.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert eval_main(argv) == 0  # its holder gone (killed, no clean-up), the directory is free
+    assert len((output / "results.jsonl").read_text().splitlines()) == 1
+    run_evaluation(config_for(tiny_qwen3_dir, output))  # the same process may hold it again
+
+
+def test_a_training_directory_another_launch_writes_is_refused(tmp_path, tiny_qwen3_dir):
+    data = tmp_path / "train.jsonl"
+    write_jsonl(data, humaneval_dialogues(4))
+    output = tmp_path / "train"
+    holder = held_by_another_process(output)
+    try:
+        command = [sys.executable, "train/sft.py", "recipe=smollm2_prefix", *tiny_overrides(tiny_qwen3_dir, data, output),
+                   "data.eval_split=null"]
+        done = subprocess.run(command, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == 2, done.stderr
+    assert f"training.output_dir {output} is being written by another run (pid {holder.pid})" in done.stderr
+    assert not any(output.glob("checkpoint-*"))
+
+
+def test_a_data_build_another_build_runs_is_refused(tmp_path, capsys):
+    from data_builders.build import main as build_main
+
+    output = tmp_path / "data"
+    holder = held_by_another_process(tmp_path / "data.work")
+    try:
+        assert build_main(["recipe=embedded_prefix", "caps.max_tokens=0", f"output_dir={output}"]) == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err
+    assert f"work_dir {tmp_path / 'data.work'} is being written by another run (pid {holder.pid})" in err
+    assert not output.exists()
+    # Its holder gone (killed: the lock file stays behind), the build runs, and runs again on its own work.
+    assert build_main(["recipe=embedded_prefix", "caps.max_tokens=0", f"output_dir={output}"]) == 0
+    assert build_main(["recipe=embedded_prefix", "caps.max_tokens=0", f"output_dir={output}"]) == 0

@@ -488,3 +488,10 @@ def test_readme_benchmark_command_names_real_options(command):
     assert code == 0, err[-3000:]
     for option in (word for word in argv if word.startswith("--")):
         assert option in out, f"{script} has no option {option}"
+
+
+def test_the_readme_and_the_results_stay_short():
+    """The README says what headstart is, how to set it up and run it (at most 250 lines); docs/results.md
+    holds the current figures only (at most 450), superseded ones moving to CHANGELOG.md."""
+    assert len((REPO / "README.md").read_text().splitlines()) <= 250
+    assert len((REPO / "docs" / "results.md").read_text().splitlines()) <= 450

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 
-from headstart.files import iter_rows, read_json_file
+from headstart.files import iter_rows, read_json_file, require_file
 from headstart.fingerprint import file_sha256, files_sha256, tree_sha256
 from headstart.paths import is_default_output
 
@@ -30,8 +30,7 @@ def load_split(path: str, split: str) -> Dataset | None:
     """
     local = Path(path).expanduser()
     if local.suffix in FILE_FORMATS:
-        if not local.is_file():
-            raise FileNotFoundError(f"data file not found: {path}")
+        require_file(local)
         if split != "train":
             return None  # a single file holds one split: it is the training split, there is no other
         return _nonempty(_load_file(local), path, split)

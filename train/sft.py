@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from accelerate import PartialState
 from accelerate.utils import DistributedType
@@ -28,9 +30,10 @@ from headstart.devices import idle_cores_note, require_cuda
 from headstart.model_files import check_local_source
 from headstart.models import download_model, load_tokenizer, resolve_model_dir, weights_fingerprint
 from headstart.paths import outputs_dir
-from headstart.run_dir import check_writable
+from headstart.run_dir import check_writable, holding_run_dir
 from train.batch import batch_plan
 from train.checkpoints import CompletenessMarker, last_complete_checkpoint, stop_on_request
+from train.config import TrainRecipe
 from train.data import data_fingerprint
 from train.model import lora_config
 from train.objectives import objective_trainer, trainer_config
@@ -63,7 +66,7 @@ def main(argv: list[str]) -> None:
     Args:
         argv (list[str]): `recipe=NAME` and `key=value` overrides.
     """
-    # --- Setup: stack, recipe, device, run directory, process group, batch plan, resume, TRL's checks
+    # --- Setup: stack, recipe, device, run directory, process group
     check_transformers_version(metadata.version("transformers"))
     recipe, recipe_name = parse_recipe(argv)
     require_cuda(training_gpu_requests(recipe))  # never an 8B model on CPU in fp32 without a word
@@ -72,33 +75,29 @@ def main(argv: list[str]) -> None:
     check_writable(output_dir, "training.output_dir")  # else a PermissionError once data and model were read
     check_local_source(recipe.model.name_or_path)  # a directory without weights: refused before any download or load
     state = PartialState(**process_group_kwargs(recipe))
+    with ExitStack() as held:  # the run directory, once its first file is written (`load_inputs`)
+        train(recipe, recipe_name, output_dir, state, changed, held)
+
+
+def train(recipe: TrainRecipe, recipe_name: str, output_dir: Path, state: PartialState,
+          changed: dict[str, tuple[Any, Any]], held: ExitStack) -> None:
+    """The run after setup: batch plan and resume, data, model and trainer, training, saving.
+
+    Args:
+        changed (dict[str, tuple[Any, Any]]): the resumable keys this launch changed (`check_run_dir`).
+        held (ExitStack): where the run directory's hold is kept until the run ends.
+    """
+    # --- Batch plan, the checkpoint to resume, TRL's checks of the `training:` values (before any download;
+    # the config is built again once the data says whether there is an evaluation split)
     plan = batch_plan(recipe, state.num_processes)
     topology = launch_topology(state.num_processes)
     checkpoint = last_complete_checkpoint(output_dir) if recipe.run.resume else None
     resume_notes = check_resume(checkpoint, topology, recipe) if checkpoint else []
-    # TRL's own checks of the `training:` values, before any download (the config is built again
-    # once the data says whether there is an evaluation split).
     trainer_config(recipe, recipe_name, output_dir, state.num_processes, False, process_device(state))
     say(state, *plan.notes())
 
-    # --- Data: model files and tokenizer (the main process downloads first), then the tokenized splits
-    try:
-        with state.main_process_first():  # one download per cache; the other ranks then read it
-            download_model(recipe.model.name_or_path)
-        model_dir = resolve_model_dir(recipe.model.name_or_path)
-        tokenizer = load_tokenizer(model_dir)
-    except OSError as error:  # transformers' "not a local folder and not a valid model identifier"
-        raise FileNotFoundError(f"model.name_or_path={recipe.model.name_or_path}: {error}") from error
-    # A checkpoint continues only on the rows and the base it was trained on (every rank checks:
-    # a refusal on one alone would leave the others waiting).
-    inputs = {"data_fingerprint": data_fingerprint(recipe.data.path),
-              "model_fingerprint": weights_fingerprint(recipe.model.name_or_path)}
-    recorded_inputs = check_inputs(output_dir, inputs, resuming=checkpoint is not None)
-    system = resolve_training_system(recipe.data.system_message, model_dir)
-    train_data, eval_data, data_record = load_data(recipe, tokenizer, state, system)
-    if state.is_main_process:
-        mark_run(output_dir, recorded_inputs)  # first: the directory is headstart's, and what it trains from
-        dump_config(recipe, output_dir / "config.yaml")
+    # --- Data
+    model_dir, tokenizer, train_data, eval_data, data_record = load_inputs(recipe, output_dir, state, checkpoint, held)
     configure_trackers(recipe, recipe_name, output_dir, state.is_main_process)
 
     # --- Model and trainer
@@ -117,19 +116,7 @@ def main(argv: list[str]) -> None:
                             callbacks=callbacks, **objective_kwargs)
 
     # --- Train (resuming from the last complete checkpoint)
-    timeout = group_timeout()
-    say(state, f"processes: {state.num_processes} ({trainer.accelerator.distributed_type.value}), gradient "
-               f"accumulation: {args.gradient_accumulation_steps}, per-device batch: {args.per_device_train_batch_size}, "
-               f"effective batch: {plan.effective}, learning rate: {args.learning_rate:.4g}"
-               + (f", collective timeout: {timeout:g} s" if timeout is not None else ""))
-    if note := idle_cores_note(state.device.type, int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))):
-        say(state, note)
-    if checkpoint:
-        say(state, f"resuming from {checkpoint}", *resume_notes,
-            *(f"note: {key} {old!r} -> {new!r} on resume" for key, (old, new) in changed.items()))
-        if "training.max_steps" in changed:
-            say(state, "note: the remaining steps follow the learning-rate schedule of the new max_steps; the "
-                       "result is not what a fresh run of that length gives")
+    announce(state, trainer, plan.effective, checkpoint, resume_notes, changed)
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     if stop is not None and stop.stopped_at is not None:
         # Preempted: the checkpoint is the run's state; the relaunch resumes from it and writes the adapter.
@@ -148,6 +135,64 @@ def main(argv: list[str]) -> None:
     else:
         say(state, f"model (every weight trained): {output_dir / 'merged'}")
     finish_trackers()
+
+
+def load_inputs(recipe: TrainRecipe, output_dir: Path, state: PartialState, checkpoint: Path | None,
+                held: ExitStack) -> tuple:
+    """Model files and tokenizer (the main process downloads first), the run's inputs checked against a
+    checkpoint's, the tokenized splits; then the run directory held and its run record written. Returns
+    (model_dir, tokenizer, train_data, eval_data, data_record).
+
+    Args:
+        checkpoint (Path | None): the checkpoint the run resumes from, None for a fresh run.
+        held (ExitStack): where the main process keeps its hold on the run directory.
+    """
+    try:
+        with state.main_process_first():  # one download per cache; the other ranks then read it
+            download_model(recipe.model.name_or_path)
+        model_dir = resolve_model_dir(recipe.model.name_or_path)
+        tokenizer = load_tokenizer(model_dir)
+    except OSError as error:  # transformers' "not a local folder and not a valid model identifier"
+        raise FileNotFoundError(f"model.name_or_path={recipe.model.name_or_path}: {error}") from error
+    # A checkpoint continues only on the rows and the base it was trained on (every rank checks:
+    # a refusal on one alone would leave the others waiting).
+    inputs = {"data_fingerprint": data_fingerprint(recipe.data.path),
+              "model_fingerprint": weights_fingerprint(recipe.model.name_or_path)}
+    recorded_inputs = check_inputs(output_dir, inputs, resuming=checkpoint is not None)
+    system = resolve_training_system(recipe.data.system_message, model_dir)
+    train_data, eval_data, data_record = load_data(recipe, tokenizer, state, system)
+    if state.is_main_process:
+        # Held from its first file on: a second launch on it at once is refused, naming this one's pid.
+        held.enter_context(holding_run_dir(output_dir, "training.output_dir"))
+        mark_run(output_dir, recorded_inputs)  # first: the directory is headstart's, and what it trains from
+        dump_config(recipe, output_dir / "config.yaml")
+    return model_dir, tokenizer, train_data, eval_data, data_record
+
+
+def announce(state: PartialState, trainer: Any, effective_batch: int, checkpoint: Path | None,
+             resume_notes: list[str], changed: dict[str, tuple[Any, Any]]) -> None:
+    """Say how the run trains (processes, batch, learning rate, collective timeout) and what it resumes.
+
+    Args:
+        trainer (Any): the built trainer (its accelerator and arguments).
+        effective_batch (int): sequences per optimizer step (the batch plan's).
+        checkpoint (Path | None): the checkpoint resumed from, or None.
+        resume_notes (list[str]): what `check_resume` noted of the checkpoint.
+        changed (dict[str, tuple[Any, Any]]): the resumable keys this launch changed.
+    """
+    args, timeout = trainer.args, group_timeout()
+    say(state, f"processes: {state.num_processes} ({trainer.accelerator.distributed_type.value}), gradient "
+               f"accumulation: {args.gradient_accumulation_steps}, per-device batch: {args.per_device_train_batch_size}, "
+               f"effective batch: {effective_batch}, learning rate: {args.learning_rate:.4g}"
+               + (f", collective timeout: {timeout:g} s" if timeout is not None else ""))
+    if note := idle_cores_note(state.device.type, int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))):
+        say(state, note)
+    if checkpoint:
+        say(state, f"resuming from {checkpoint}", *resume_notes,
+            *(f"note: {key} {old!r} -> {new!r} on resume" for key, (old, new) in changed.items()))
+        if "training.max_steps" in changed:
+            say(state, "note: the remaining steps follow the learning-rate schedule of the new max_steps; the "
+                       "result is not what a fresh run of that length gives")
 
 
 if __name__ == "__main__":

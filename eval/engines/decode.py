@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from eval.engines.acceptance import AcceptanceRule
 from eval.engines.lookup_policy import CHOICES, MATCHES, OCCURRENCES, LookupPolicy
 from eval.engines.width_table import AUTO, WidthCost
+from headstart.config import check_range
 
 AR_ENGINES = ("auto", "fast", "stepwise")  # the same numbers; auto = fast
 DIFFUSION_ENGINES = ("refusion", "bidirectional")
@@ -25,6 +26,14 @@ LOOKUP_KEYS = ("lookup_match", "lookup_ngram", "lookup_min_ngram", "lookup_block
                "lookup_realign", "lookup_occurrence")
 INFILL_KV_MODES = ("splice", "refeed")
 DRAFT_END_MODES = ("decode", "verify")
+# Upper bounds of the numeric settings, typo guards checked before any model loads: a longer answer
+# than any benchmark's, a wider proposal than the width-cost tables measure (256 tokens), a tree of
+# more branches than the widest studied here (128), an n-gram longer than any match found here.
+MOST_NEW_TOKENS = 32_768
+WIDEST_PROPOSAL = 256
+MOST_BRANCHES = 256
+LONGEST_NGRAM = 64
+MOST_DIFFUSION_STEPS = 4_096
 DIFFUSION_KEYS = {
     "refusion": ("engine", "slot_size", "serial_blocks", "slot_threshold", "token_threshold", "draft_in_context",
                  "infill_kv", "draft_end"),
@@ -151,31 +160,20 @@ class DecodeSpec:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"decode.engine must be one of {', '.join(ENGINES)}, not {self.engine!r}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"decode.max_new_tokens must be >= 1, not {self.max_new_tokens}")
+        self._check_ranges()
         if self.regenerate not in REGENERATE_MODES:
             raise ValueError(f"decode.regenerate must be one of {', '.join(REGENERATE_MODES)}, not {self.regenerate!r}")
         if self.regenerate == "lookup" and self.engine not in AR_ENGINES:
             raise ValueError(f"decode.regenerate=lookup needs an autoregressive engine; engine={self.engine} "
                              "regenerates by its own decoding: add decode.regenerate=plain")
-        if not 1 <= self.lookup_min_ngram <= self.lookup_ngram or self.lookup_block < 1:
-            raise ValueError("decode.lookup_block must be >= 1 and 1 <= decode.lookup_min_ngram <= decode.lookup_ngram, "
-                             f"not {self.lookup_block}, {self.lookup_min_ngram} and {self.lookup_ngram}")
         if self.lookup_match not in MATCHES:
             raise ValueError(f"decode.lookup_match must be one of {', '.join(MATCHES)}, not {self.lookup_match!r}")
-        if self.lookup_max_block and (self.lookup_max_block < self.lookup_block or self.lookup_match != "longest"):
-            raise ValueError(f"decode.lookup_max_block={self.lookup_max_block} needs decode.lookup_match=longest and "
-                             f">= decode.lookup_block ({self.lookup_block}); 0 turns it off")
-        if self.lookup_tree < 1 or (self.lookup_tree > 1 and self.lookup_match != "longest"):
-            raise ValueError(f"decode.lookup_tree={self.lookup_tree} must be >= 1, and above 1 needs "
-                             "decode.lookup_match=longest")
-        if self.lookup_realign < 0 or (self.lookup_realign and self.lookup_tree == 1):
-            raise ValueError(f"decode.lookup_realign={self.lookup_realign} must be >= 0, and above 0 needs "
-                             "decode.lookup_tree > 1 (its candidates are tree branches)")
+        if self.lookup_max_block and self.lookup_max_block < self.lookup_block:
+            raise ValueError(f"decode.lookup_max_block={self.lookup_max_block} must be >= decode.lookup_block "
+                             f"({self.lookup_block}); 0 turns it off")
+        self._check_companions()
         if self.lookup_occurrence not in OCCURRENCES:
             raise ValueError(f"decode.lookup_occurrence must be one of {', '.join(OCCURRENCES)}, not {self.lookup_occurrence!r}")
-        if self.slot_size < 1 or self.serial_blocks < 1 or self.diffusion_steps < 1:
-            raise ValueError("decode.slot_size, decode.serial_blocks and decode.diffusion_steps must be >= 1")
         if self.infill_kv not in INFILL_KV_MODES:
             raise ValueError(f"decode.infill_kv must be one of {', '.join(INFILL_KV_MODES)}, not {self.infill_kv!r}")
         if self.draft_end not in DRAFT_END_MODES:
@@ -190,6 +188,31 @@ class DecodeSpec:
         self._rule = AcceptanceRule.parse(self.acceptance)
         self._width_table = WidthCost.load(self.width_cost) if self.width_cost not in ("", AUTO) else None
         self._policy: LookupPolicy | None = None
+
+    def _check_ranges(self) -> None:
+        check_range("decode.max_new_tokens", self.max_new_tokens, 1, MOST_NEW_TOKENS)
+        check_range("decode.lookup_ngram", self.lookup_ngram, 1, LONGEST_NGRAM)
+        check_range("decode.lookup_min_ngram", self.lookup_min_ngram, 1, self.lookup_ngram)
+        check_range("decode.lookup_block", self.lookup_block, 1, WIDEST_PROPOSAL)
+        check_range("decode.lookup_max_block", self.lookup_max_block, 0, WIDEST_PROPOSAL)
+        check_range("decode.lookup_tree", self.lookup_tree, 1, MOST_BRANCHES)
+        check_range("decode.lookup_realign", self.lookup_realign, 0, LONGEST_NGRAM)
+        check_range("decode.slot_size", self.slot_size, 1, WIDEST_PROPOSAL)
+        check_range("decode.serial_blocks", self.serial_blocks, 1, MOST_NEW_TOKENS)
+        check_range("decode.diffusion_steps", self.diffusion_steps, 1, MOST_DIFFUSION_STEPS)
+
+    def _check_companions(self) -> None:
+        """A setting that works only beside another's value: the error names the companion to set."""
+        missing = [
+            (self.lookup_max_block > 0 and self.lookup_match != "longest", "lookup_max_block", "decode.lookup_match=longest"),
+            (self.lookup_tree > 1 and self.lookup_match != "longest", "lookup_tree", "decode.lookup_match=longest"),
+            (self.lookup_realign > 0 and self.lookup_tree == 1, "lookup_realign",
+             "decode.lookup_tree above 1 (its candidates are tree branches)"),
+        ]
+        for is_missing, key, companion in missing:
+            if is_missing:
+                raise ValueError(f"decode.{key}={getattr(self, key)} needs the companion setting {companion}; set it, "
+                                 f"or leave decode.{key} out")
 
     @property
     def rule(self) -> AcceptanceRule:

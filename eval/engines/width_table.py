@@ -20,6 +20,7 @@ import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from headstart.files import read_json_file
 from headstart.paths import outputs_dir, safe_name
 
 WIDTHS = (1, 2, 3, 5, 9, 17, 33, 65, 129, 257)  # a step, then proposals of 1..256 tokens after the last token
@@ -89,11 +90,11 @@ class WidthCost:
             path (str | Path): the table's JSON file.
         """
         try:
-            values = json.loads(Path(path).read_text())
+            values = read_json_file(path)
         except FileNotFoundError:
             raise ValueError(f"decode.width_cost={path}: no such file (python -m eval.width_cost writes one; "
                              "decode.width_cost=auto measures this machine's)") from None
-        except (OSError, json.JSONDecodeError) as error:
+        except (OSError, ValueError) as error:  # not UTF-8, not JSON: the error names the file
             raise ValueError(f"decode.width_cost={path}: not a readable width-cost table ({error})") from None
         fields = ("widths", "seconds", "context", "model", "machine")
         if not isinstance(values, dict) or any(key not in values for key in fields):

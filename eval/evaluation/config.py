@@ -9,12 +9,14 @@ from omegaconf import OmegaConf
 from eval.engines.decode import DecodeSpec
 from eval.evaluation.shards import parse_shard
 from eval.evaluation.typing_sim import check_typing
-from headstart.config import config_from_dict, config_to_dict
+from headstart.config import check_range, config_from_dict, config_to_dict
 from headstart.prompts import check_evaluation_system_setting
 from headstart.run_config import AdaptedModelOnDevice, ModelOnDevice
 from headstart.vllm_settings import VLLMSettings
 
 BACKENDS = ("transformers", "vllm")
+MOST_BATCHED = 65_536  # a typo guard on fast_batch_size
+MOST_CPU_SECONDS = 3_600  # one executed program
 
 
 @dataclass
@@ -65,7 +67,7 @@ class EvaluationSettings(ModelOnDevice):
 
     def __post_init__(self) -> None:
         parse_shard(self.shard)
-        check_at_least_one("fast_batch_size", self.fast_batch_size)
+        check_range("fast_batch_size", self.fast_batch_size, 1, MOST_BATCHED)
         check_timed_every(self.timed_every, self.decode)
         super().__post_init__()  # dtype, device
         if self.backend not in BACKENDS:
@@ -127,6 +129,9 @@ class EvalConfig(EvaluationSettings, AdaptedModelOnDevice):
         # Each of these used to be found only once the model had loaded (minutes for an 8B model).
         self.system_prompt = check_evaluation_system_setting(self.system_prompt)
         super().__post_init__()
+        check_model_len(self.vllm.max_model_len, self.decode.max_new_tokens)
+        if self.sandbox_cpu_seconds is not None:
+            check_range("sandbox_cpu_seconds", self.sandbox_cpu_seconds, 1, MOST_CPU_SECONDS, "the benchmark's own")
         if self.shard is not None and self.report_only:
             raise ValueError("report_only reports merged results; run without shard (that merges the shards)")
 
@@ -150,22 +155,20 @@ def check_timed_every(timed_every: int, decode: DecodeSpec) -> None:
         timed_every (int): every how many requests one is decoded and timed (1: all).
         decode (DecodeSpec): the decode settings.
     """
-    check_at_least_one("timed_every", timed_every)
+    check_range("timed_every", timed_every, 1)
     if timed_every > 1 and not (decode.fast and decode.rule.lossless):
         raise ValueError(f"timed_every={timed_every} counts requests from greedy drafts: it needs decode.acceptance=greedy "
                          f"and the AR fast path (decode.engine=auto or fast), not acceptance={decode.acceptance}, "
                          f"engine={decode.engine}; use timed_every=1")
 
 
-def check_at_least_one(setting: str, value: int) -> None:
-    """Refuse a `value` below 1.
-
-    Args:
-        setting (str): the setting's name, for the error.
-        value (int): its value.
-    """
-    if value < 1:
-        raise ValueError(f"{setting} must be >= 1, not {value}")
+def check_model_len(max_model_len: int | None, max_new_tokens: int) -> None:
+    """Refuse a `vllm.max_model_len` that cannot hold an answer and a prompt, before the model loads
+    (the exact need, longest prompt + answer + 1, is checked once the prompts are tokenized)."""
+    if max_model_len is not None and max_model_len < max_new_tokens + 2:
+        raise ValueError(f"vllm.max_model_len={max_model_len} cannot hold a prompt and decode.max_new_tokens="
+                         f"{max_new_tokens} answer tokens plus a verify position: it must be >= {max_new_tokens + 2} "
+                         "(null: what the run needs)")
 
 
 def check_limit(limit: int | None, minimum: int = 1) -> None:

@@ -31,7 +31,7 @@ from headstart.files import append_jsonl, read_jsonl
 from headstart.models import LoadedModel, default_dtype, dtype_name, load_model, resolve_prompt_format
 from headstart.paths import outputs_dir, safe_name
 from headstart.prompts import resolve_system_message
-from headstart.run_dir import check_output_dir, check_writable, write_mark
+from headstart.run_dir import check_output_dir, check_writable, holding_run_dir, write_mark
 from headstart.vllm_client import vllm_unavailable
 
 
@@ -144,43 +144,56 @@ def run_evaluation(
         print(f"limit=0: {config.benchmark} checked ({len(prepared.requests)} requests, model and data found, "
               f"{prepared.output_dir} resumable); nothing evaluated, nothing written")
         return {}
-    start_results(prepared, config)
-    output_dir, benchmark, requests = prepared.output_dir, prepared.benchmark, prepared.requests
-    results_path = output_dir / "results.jsonl"
-    records = read_jsonl(results_path)
-    done = {r["request_id"] for r in records}
-    todo = [r for r in requests if r.request_id not in done]
-    if todo:
-        if not loaded:  # refused before minutes of loading: the dtype this run will load in
-            check_computed_dtype(records, config.dtype or dtype_name(default_dtype(prepared.device)), results_path)
-        if callable(loaded):
-            loaded = loaded()
-        loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=prepared.device)
-        check_computed_dtype(records, dtype_name(loaded.model.dtype), results_path)
-        if config.decode.rule.lossless and loaded.model.dtype != torch.float32:
-            print(f"note: greedy decoding in {dtype_name(loaded.model.dtype)} is not batch-invariant: a streamed answer may "
-                  "depart from its baseline (summary.json's identical_to_baseline measures it); dtype=float32 for exact "
-                  "identity (docs/evaluation.md#identity)", file=sys.stderr)
-        evaluator = StreamingEvaluator(loaded, config, todo, prepared.untimed, prepared.system)
-        try:
-            timed = [r for r in todo if r.request_id not in prepared.untimed]
-            if timed:
-                evaluator.warm_up(timed[0])
-            shard = f" shard {prepared.shard}" if prepared.shard else ""
-            progress = tqdm(desc=f"{config.benchmark} {config.decode.acceptance}{shard}", initial=len(done), total=len(requests))
+    with holding_run_dir(prepared.output_dir):  # a second run on it at once would compute and append the same requests
+        start_results(prepared, config)
+        records = read_jsonl(prepared.output_dir / "results.jsonl")
+        todo = [r for r in prepared.requests if r.request_id not in {record["request_id"] for record in records}]
+        if todo:
+            _compute(prepared, config, todo, records, loaded)
+        return _report(prepared, config, records, todo)
+
+
+def _compute(prepared: PreparedRun, config: EvalConfig, todo: list[Request], records: list[dict[str, Any]],
+             loaded: LoadedModel | Callable[[], LoadedModel] | None) -> None:
+    """Evaluate the requests left (`todo`), appending each record to results.jsonl and `records` as it finishes."""
+    results_path = prepared.output_dir / "results.jsonl"
+    if not loaded:  # refused before minutes of loading: the dtype this run will load in
+        check_computed_dtype(records, config.dtype or dtype_name(default_dtype(prepared.device)), results_path)
+    if callable(loaded):
+        loaded = loaded()
+    loaded = loaded or load_model(config.model, adapter=config.adapter, dtype=config.dtype, device=prepared.device)
+    check_computed_dtype(records, dtype_name(loaded.model.dtype), results_path)
+    if config.decode.rule.lossless and loaded.model.dtype != torch.float32:
+        print(f"note: greedy decoding in {dtype_name(loaded.model.dtype)} is not batch-invariant: a streamed answer may "
+              "depart from its baseline (summary.json's identical_to_baseline measures it); dtype=float32 for exact "
+              "identity (docs/evaluation.md#identity)", file=sys.stderr)
+    evaluator = StreamingEvaluator(loaded, config, todo, prepared.untimed, prepared.system)
+    try:
+        timed = [r for r in todo if r.request_id not in prepared.untimed]
+        if timed:
+            evaluator.warm_up(timed[0])
+        shard = f" shard {prepared.shard}" if prepared.shard else ""
+        label = f"{config.benchmark} {config.decode.acceptance}{shard}"
+        done = len(prepared.requests) - len(todo)
+        with tqdm(desc=label, initial=done, total=len(prepared.requests)) as progress:  # closed before a Ctrl-C's line
             for group in evaluator.request_groups(todo):
                 if evaluator.fast:
                     drafts = sum(len(request.segments) - 1 for request in group)
                     progress.set_postfix_str(f"decoding {drafts} drafts of {len(group)} requests in one batch")
                 for request, record in zip(group, evaluator.evaluate_many(group)):
-                    record |= _scores(benchmark, request, record)
+                    record |= _scores(prepared.benchmark, request, record)
                     append_jsonl(results_path, [record])
                     records.append(record)
                     progress.update()
                     progress.set_postfix(running_medians(records))
-            progress.close()
-        finally:
-            evaluator.close()
+    finally:
+        evaluator.close()
+
+
+def _report(prepared: PreparedRun, config: EvalConfig, records: list[dict[str, Any]], todo: list[Request]) -> dict[str, Any]:
+    """Summarize the run's records into summary.json, report.md and typing.json; returns the summary."""
+    output_dir, requests = prepared.output_dir, prepared.requests
+    results_path = output_dir / "results.jsonl"
     wanted = {r.request_id for r in requests}
     summary = summarize([r for r in records if r["request_id"] in wanted])
     summary |= summary_labels(config) | {key: prepared.settings[key] for key in FINGERPRINT_KEYS}

@@ -40,6 +40,7 @@ from typing import Any
 from eval.engines.decode import AR_ENGINES, DecodeSpec
 from eval.engines.lookup import update_widths
 from eval.engines.tokens import common_prefix_length, reused_prefix
+from headstart.files import read_text
 
 POLICIES = ("finish", "abandon")
 # The speeds every typing report plots, beside the unlimited typist: 260 is the measured average
@@ -119,7 +120,7 @@ def read_trace(path: Path) -> Typist:
         path (Path): the trace file.
     """
     times: list[float] = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(read_text(path).splitlines(), 1):
         text = line.split("\t", 1)[0].strip()
         if not text or text.startswith("#"):
             continue
