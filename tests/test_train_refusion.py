@@ -466,3 +466,24 @@ def test_every_weight_trains_with_use_peft_false_resumes_and_saves_the_model(tmp
 def test_use_peft_false_is_refused_where_the_teacher_is_the_adapter_off(objective):
     with pytest.raises(RecipeValueError, match="model.use_peft=false"):
         parse_recipe([f"objective={objective}", "model.use_peft=false"])
+
+
+def test_the_slot_probe_counts_every_slot_and_aligns_the_autoregressive_targets(tiny_refusion_dir):
+    """benchmarks/probe_refusion.py: on the model's own greedy answer its next-token accuracy is exactly
+    1 (an off-by-one in the targets would not be); one entry per slot start, one flag per offset."""
+    from probe_refusion import probe_row, summary_line
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from headstart.refusion import mask_token_id
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_refusion_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_refusion_dir, dtype=torch.float32).eval()
+    prompt = tokenizer("def add(a, b):", add_special_tokens=False)["input_ids"]
+    greedy = model.generate(torch.tensor([prompt]), max_new_tokens=10, min_new_tokens=10, do_sample=False)
+    answer = greedy[0, len(prompt):].tolist()
+    assert len(set(zip(answer, answer[1:]))) > 5  # not a repeated token: a shifted target would miss
+    counts = probe_row(model, prompt, answer, mask_token_id(tokenizer), slot=4, threshold=0.6)
+    assert counts["ar"] == [True] * 10
+    assert len(counts["offsets"]) == len(counts["confident"]) == 2 and all(len(o) == 4 for o in counts["offsets"])
+    line = summary_line("validation", [counts])
+    assert line.startswith("validation: 1 rows, 2 slots; mask right by offset ") and line.endswith("AR next token right 1.000")
