@@ -180,7 +180,8 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "python -m eval recipe=humaneval_refusion_draft_refinement": Checked(),
     "python -m eval recipe=mbpp_smollm2_refusion_full": Checked(),
     "python benchmarks/bench_refusion.py": HelpHas(),
-    "python benchmarks/bench_refusion.py --limit 5": HelpHas(),
+    "python benchmarks/bench_refusion.py --limit 2 --threads 1": HelpHas(),
+    "python benchmarks/probe_refusion.py outputs/train/smollm2_refusion_full/merged --rows 4": HelpHas(),
     "python -m data_builders recipe=smollm2_refusion_self": Checked(),
     "accelerate launch train/sft.py recipe=smollm2_refusion_full": Checked(
         "tests/test_train_refusion.py::test_every_weight_trains_with_use_peft_false_resumes_and_saves_the_model"),
