@@ -131,7 +131,7 @@ def holding_run_dir(directory: str | Path, setting: str = "output_dir") -> Itera
         yield
         return
     directory.mkdir(parents=True, exist_ok=True)
-    handle = _lock(directory / LOCK, setting, directory)
+    handle = _lock(directory, setting)
     _held_locks[directory] = handle
     try:
         yield
@@ -141,17 +141,23 @@ def holding_run_dir(directory: str | Path, setting: str = "output_dir") -> Itera
         os.close(handle)
 
 
+def _names(path: Path, handle: int) -> bool:
+    """Whether `path` is still the file open as `handle` (not unlinked, nor replaced by another)."""
+    try:
+        return os.stat(path).st_ino == os.fstat(handle).st_ino
+    except FileNotFoundError:
+        return False
+
+
 def _unlink_own(path: Path, handle: int) -> None:
     """Remove the lock file if it is still this process's (the run may have removed its directory)."""
-    try:
-        if os.stat(path).st_ino == os.fstat(handle).st_ino:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
+    if _names(path, handle):
+        os.unlink(path)
 
 
-def _lock(path: Path, setting: str, directory: Path) -> int:
-    """The open, locked lock file at `path`, this process's pid written in it."""
+def _lock(directory: Path, setting: str) -> int:
+    """The open, locked lock file of `directory`, this process's pid written in it."""
+    path = directory / LOCK
     while True:
         handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -161,11 +167,8 @@ def _lock(path: Path, setting: str, directory: Path) -> int:
             os.close(handle)
             raise OutputDirError(f"{setting} {directory} is being written by another run (pid {holder}); wait for it "
                                  f"to end, or choose another {setting}") from None
-        try:
-            if os.stat(path).st_ino == os.fstat(handle).st_ino:  # not a file its last holder unlinked meanwhile
-                break
-        except FileNotFoundError:
-            pass
+        if _names(path, handle):  # not a file its last holder unlinked meanwhile
+            break
         os.close(handle)
     os.ftruncate(handle, 0)
     os.pwrite(handle, str(os.getpid()).encode(), 0)

@@ -147,7 +147,8 @@ def run_evaluation(
     with holding_run_dir(prepared.output_dir):  # a second run on it at once would compute and append the same requests
         start_results(prepared, config)
         records = read_jsonl(prepared.output_dir / "results.jsonl")
-        todo = [r for r in prepared.requests if r.request_id not in {record["request_id"] for record in records}]
+        done = {record["request_id"] for record in records}
+        todo = [r for r in prepared.requests if r.request_id not in done]
         if todo:
             _compute(prepared, config, todo, records, loaded)
         return _report(prepared, config, records, todo)
@@ -195,11 +196,12 @@ def _report(prepared: PreparedRun, config: EvalConfig, records: list[dict[str, A
     output_dir, requests = prepared.output_dir, prepared.requests
     results_path = output_dir / "results.jsonl"
     wanted = {r.request_id for r in requests}
-    summary = summarize([r for r in records if r["request_id"] in wanted])
+    selected = [r for r in records if r["request_id"] in wanted]
+    summary = summarize(selected)
     summary |= summary_labels(config) | {key: prepared.settings[key] for key in FINGERPRINT_KEYS}
     if config.typing and config.decode.width_cost == AUTO and not todo:  # no model loaded: this machine's table, read
         config.decode.use_width_table(resolve_width_cost(AUTO, config.model, prepared.device))
-    typing = typing_report(config, [r for r in records if r["request_id"] in wanted], output_dir, summary)
+    typing = typing_report(config, selected, output_dir, summary)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     if summary.get("counted") and summary.get("drafter_agreement", 1.0) < 1.0:
         print(f"warning: the drafter agreed with batch-1 greedy decoding on {summary['drafter_agreement']:.0%} of "
