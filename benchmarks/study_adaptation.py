@@ -27,6 +27,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 from study_config import StudyConfig  # beside this script
@@ -40,6 +41,9 @@ from eval.reporting.wandb_report import wandb_mode
 from headstart.config import dump_config, run_cli
 from headstart.files import read_jsonl
 from headstart.run_dir import check_output_dir, write_mark
+
+if TYPE_CHECKING:
+    from train.config import TrainRecipe
 
 REPO = Path(__file__).resolve().parents[1]  # the checkout this benchmark runs from (benchmarks are not installed)
 
@@ -72,17 +76,30 @@ def run_stage(config: StudyConfig, argv: list[str]) -> None:
     subprocess.run([sys.executable, *argv], cwd=REPO, env=stage_env(config), check=True)
 
 
-def build_data(config: StudyConfig, data_dir: Path) -> None:
+def train_recipes(config: StudyConfig) -> dict[str, TrainRecipe]:
+    """Each objective's train recipe with the study's `train:` settings, checked as train/sft.py checks it
+    (before any work); they must agree on training.max_length, the data build's cap."""
+    from train.recipe import parse_recipe  # here, not above: `--help` loads no TRL
+
+    recipes = {objective: parse_recipe([f"recipe={name}", f"model.name_or_path={config.model}",
+                                        *config.train_overrides()])[0] for objective, name in config.objectives.items()}
+    if len({recipe.training["max_length"] for recipe in recipes.values()}) > 1:
+        raise ValueError("the objectives' recipes differ in training.max_length: give it in train: {training: "
+                         "{max_length: N}}, the data build's cap")
+    return recipes
+
+
+def build_data(config: StudyConfig, data_dir: Path, max_length: int) -> None:
     """The training rows, capped at max_length tokens; data built under another cap is refused."""
     if (data_dir / "dataset_dict.json").is_file():
         built = OmegaConf.load(data_dir / "config.yaml").caps.max_tokens
-        if built != config.max_length:
-            raise ValueError(f"{data_dir} was built with caps.max_tokens={built}, not max_length={config.max_length}: "
+        if built != max_length:
+            raise ValueError(f"{data_dir} was built with caps.max_tokens={built}, not training.max_length={max_length}: "
                              "use another output_dir, or remove that directory to rebuild")
         return
     with timed(data_dir.parent, "data"):
         run_stage(config, ["-m", "data_builders", f"recipe={config.data_recipe}", f"output_dir={data_dir}",
-                           f"caps.max_tokens={config.max_length}"])
+                           f"caps.max_tokens={max_length}"])
 
 
 def train(config: StudyConfig, objective: str, run_dir: Path, data_dir: Path, learning_rate: float, steps: int,
@@ -90,12 +107,10 @@ def train(config: StudyConfig, objective: str, run_dir: Path, data_dir: Path, le
     """One training run to `run_dir`; a finished run (its adapter saved) is not run again."""
     argv = [
         "train/sft.py", f"recipe={config.objectives[objective]}", f"model.name_or_path={config.model}",
+        *config.train_overrides(),
         f"data.path={data_dir}", f"training.output_dir={run_dir}", f"training.learning_rate={learning_rate}",
         f"training.max_steps={steps}", f"training.save_steps={save_steps}", "training.save_total_limit=null",
-        f"run.effective_batch_size={config.effective_batch_size}",
-        f"training.per_device_train_batch_size={config.per_device_train_batch_size}",
-        f"training.max_length={config.max_length}", f"training.eval_steps={steps if evaluate else 0}",
-        f"data.system_message={config.system_prompt}",
+        f"training.eval_steps={steps if evaluate else 0}",
         "run.merge=false", f"training.run_name={config.group}-{run_dir.name}",
     ]
     if not (run_dir / "adapter" / "adapter_config.json").is_file():
@@ -168,7 +183,7 @@ def curve(config: StudyConfig, report: BeforeAfterConfig, runs: dict[str, Path])
     from eval.evaluation.runner import run_evaluation  # here, not above: `--help` loads no torch
 
     benchmark = config.curve_benchmark
-    requests = get_benchmark(benchmark, config.data_paths.get(benchmark)).load(config.curve_requests)
+    requests = get_benchmark(benchmark, report.data_paths.get(benchmark)).load(config.curve_requests)
     wanted = {request.request_id for request in requests}
 
     def point(step: int, results_dir: str) -> dict:
@@ -199,10 +214,11 @@ def run_study(config: StudyConfig) -> None:
     check_output_dir(output, STUDY_KIND)
     write_mark(output, STUDY_KIND)
     dump_config(config, output / "config.yaml")
-    data_dir = output / "data"
+    data_dir, recipes = output / "data", train_recipes(config)
+    trained = next(iter(recipes.values()))
 
     # --- 1. Data ----------------------------------------------------------------
-    build_data(config, data_dir)
+    build_data(config, data_dir, trained.training["max_length"])
 
     # --- 2. Learning-rate sweep ---------------------------------------------------
     losses = sweep(config, output, data_dir)
@@ -218,13 +234,7 @@ def run_study(config: StudyConfig) -> None:
     # --- 4. Base vs every objective, identical settings -------------------------------
     models = {objective: str(evaluated_model(config, adapter)) for objective, adapter in adapters.items()}
     first, *more = config.objectives
-    report = BeforeAfterConfig(model=config.model, adapted=models[first],
-                               more_adapted={name: models[name] for name in more}, benchmarks=config.benchmarks,
-                               data_paths={name: path for name, path in config.data_paths.items() if name in config.benchmarks},
-                               limit=config.limit, decode=config.decode, system_prompt=config.system_prompt,
-                               timed_every=config.timed_every, backend=config.backend,
-                               fast_batch_size=config.fast_batch_size, output_dir=str(output / "report"),
-                               wandb_group=config.group)
+    report = replace(config.evaluation, adapted=models[first], more_adapted={name: models[name] for name in more})
     with timed(output, "evaluate base and adapted"):
         summaries = run_before_after(report)
 
@@ -233,7 +243,7 @@ def run_study(config: StudyConfig) -> None:
         points = curve(config, report, runs)
 
     # --- 6. Report ---------------------------------------------------------------------
-    write_study_report(config, output, losses, best, summaries, points)
+    write_study_report(config, trained, output, losses, best, summaries, points)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,16 +3,37 @@ writes its report; both import this module, which imports neither)."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from eval.benchmarks import BENCHMARKS
-from eval.engines.decode import DecodeSpec
-from eval.evaluation.config import EvalConfig, check_limit
+from eval.before_after import BeforeAfterConfig
+from headstart.config import config_from_dict
 from headstart.paths import outputs_dir
-from headstart.prompts import check_evaluation_system_setting
 from headstart.run_config import ModelSetting
+
+# What the study gives every run itself (its sides, steps, rates and paths), refused in `train:` and `eval:`.
+STUDY_SETS_TRAIN = ("model.name_or_path", "data.path", "data.system_message", "training.output_dir",
+                    "training.learning_rate", "training.max_steps", "training.save_steps", "training.save_total_limit",
+                    "training.eval_steps", "training.run_name", "run.merge")
+STUDY_SETS_EVAL = ("model", "adapted", "more_adapted", "output_dir", "wandb_group")
+
+
+def dotted(values: dict[str, Any], prefix: str = "") -> list[str]:
+    """A nested mapping as `a.b=value` arguments (values in JSON, which the command line reads as YAML)."""
+    arguments = []
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            arguments += dotted(value, f"{prefix}{key}.")
+        else:
+            arguments.append(f"{prefix}{key}={json.dumps(value)}")
+    return arguments
+
+
+def dotted_keys(values: dict[str, Any]) -> set[str]:
+    return {argument.split("=", 1)[0] for argument in dotted(values)}
 
 
 @dataclass
@@ -39,26 +60,18 @@ class StudyConfig(ModelSetting):
         metadata={"help": "At most this many optimizer steps between a final run's checkpoints (a killed run resumes from the "
                           "last; the curve's are among them)."},
     )
-    effective_batch_size: int = field(default=8, metadata={"help": "Rows per optimizer step."})
-    per_device_train_batch_size: int = field(default=2, metadata={"help": "Rows per micro-step."})
-    max_length: int = field(
-        default=512,
-        metadata={"help": "Tokens per row: the data build's caps.max_tokens (requests "
-                          "whose prompt and answer cap exceed it are not built) and training's max_length."},
+    train: dict[str, Any] = field(
+        default_factory=lambda: {"run": {"effective_batch_size": 8},
+                                 "training": {"per_device_train_batch_size": 2, "max_length": 512}},
+        metadata={"help": "Train-recipe settings of every training run, under train/sft.py's keys (e.g. {training: "
+                          "{max_length: 512}}); training.max_length also caps the data build. The study sets "
+                          f"{', '.join(STUDY_SETS_TRAIN)}."},
     )
-    benchmarks: list[str] = field(default_factory=lambda: ["humaneval", "mbpp"], metadata={"help": "Evaluated benchmarks."})
-    data_paths: dict[str, str] = field(
-        default_factory=dict,
-        metadata={"help": "Local data per benchmark, e.g. {mbpp: path}; those of benchmarks not evaluated are not read."},
-    )
-    limit: int | None = field(default=None, metadata={"help": "Requests per benchmark (the first N test problems); null: all."})
-    backend: str = field(default=EvalConfig.backend, metadata={"help": "Fast-path drafting backend of every evaluation."})
-    fast_batch_size: int = field(default=EvalConfig.fast_batch_size,
-                                 metadata={"help": "Prefixes decoded together (raise it with backend=vllm)."})
-    timed_every: int = field(
-        default=EvalConfig.timed_every,
-        metadata={"help": "Count mode of every evaluation (EvalConfig.timed_every): time every N-th request, count the "
-                          "others from batched greedy drafts; 1: time all."},
+    eval: dict[str, Any] = field(
+        default_factory=lambda: {"benchmarks": ["humaneval", "mbpp"], "limit": None, "system_prompt": "incomplete"},
+        metadata={"help": "Before/after settings of every evaluation, under eval.before_after's keys (benchmarks, "
+                          "data_paths, limit, decode, backend, timed_every, ...); its system_prompt is also the training "
+                          f"rows' data.system_message. The study sets {', '.join(STUDY_SETS_EVAL)}."},
     )
     curve_benchmark: str = field(default="humaneval", metadata={"help": "Benchmark of the learning curve."})
     curve_limit: int | None = field(
@@ -71,22 +84,18 @@ class StudyConfig(ModelSetting):
         metadata={"help": "Evaluate each adapter merged into the base weights (float32, train.merge): drafting then runs a "
                           "plain model (vLLM on a CPU drafts through its LoRA about 2x slower)."},
     )
-    decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={"help": "Decode settings of every evaluation."})
-    system_prompt: str = field(
-        default="incomplete",
-        metadata={"help": "System message of the training rows (data.system_message) and of every evaluated side: "
-                          "incomplete (headstart's incomplete-request message), none, or literal text."},
-    )
     threads: int = field(default=2, metadata={"help": "Torch threads for training and evaluation."})
     output_dir: str = field(default=str(outputs_dir("study", "smollm2")), metadata={"help": "Everything the study writes."})
     wandb_group: str | None = field(default=None, metadata={"help": "W&B group of every run; default study-<output dir name>."})
 
     def __post_init__(self) -> None:
-        if self.curve_benchmark not in self.benchmarks:
-            raise ValueError(f"curve_benchmark={self.curve_benchmark!r} is not in benchmarks {self.benchmarks}")
-        unknown = sorted((set(self.benchmarks) | set(self.data_paths)) - set(BENCHMARKS))
-        if unknown:
-            raise ValueError(f"benchmarks or data_paths name {unknown}, not benchmarks ({', '.join(sorted(BENCHMARKS))})")
+        for name, sets, given in (("train", STUDY_SETS_TRAIN, dotted_keys(self.train)),
+                                  ("eval", STUDY_SETS_EVAL, set(self.eval))):
+            if taken := sorted(given & set(sets)):
+                raise ValueError(f"{name}: {', '.join(taken)} is set by the study; leave it out")
+        evaluation = self.evaluation
+        if self.curve_benchmark not in evaluation.benchmarks:
+            raise ValueError(f"curve_benchmark={self.curve_benchmark!r} is not in eval.benchmarks {evaluation.benchmarks}")
         unknown = sorted(set(self.objective_steps) - set(self.objectives))
         if unknown:
             raise ValueError(f"objective_steps names {unknown}, not objectives of the study ({', '.join(self.objectives)})")
@@ -95,11 +104,9 @@ class StudyConfig(ModelSetting):
             raise ValueError("need 1 <= curve_points <= every objective's steps, sweep_steps >= 1 and checkpoint_steps >= 1")
         if self.curve_limit is not None and self.curve_limit < 1:
             raise ValueError(f"curve_limit={self.curve_limit} must be at least 1 (or null: limit)")
-        check_limit(self.limit)
-        self.system_prompt = check_evaluation_system_setting(self.system_prompt)
-        if self.system_prompt == "model":  # the base side has no training record to read it from
-            raise ValueError("system_prompt=model: the study trains with and evaluates every side on one system message; "
-                             "choose incomplete, none or literal text")
+        if evaluation.system_prompt == "model":  # the base side has no training record to read it from
+            raise ValueError("eval.system_prompt=model: the study trains with and evaluates every side on one system "
+                             "message; choose incomplete, none or literal text")
         for objective in self.objectives:
             if self.steps(objective) % self.curve_points:
                 raise ValueError(f"{objective}: {self.steps(objective)} steps must be a multiple of "
@@ -116,9 +123,20 @@ class StudyConfig(ModelSetting):
         return math.gcd(self.checkpoint_steps, self.steps(objective) // self.curve_points)
 
     @property
+    def evaluation(self) -> BeforeAfterConfig:
+        """The before/after settings of every evaluation (`eval:`), the base model's; the study adds the
+        adapted sides."""
+        return config_from_dict(BeforeAfterConfig, {**self.eval, "model": self.model, "wandb_group": self.group,
+                                                     "output_dir": str(Path(self.output_dir) / "report")})
+
+    def train_overrides(self) -> list[str]:
+        """`train:` as train/sft.py's `key=value` arguments, the evaluation's system message with them."""
+        return [*dotted(self.train), f"data.system_message={json.dumps(self.evaluation.system_prompt)}"]
+
+    @property
     def curve_requests(self) -> int | None:
-        """Requests per curve point: curve_limit, never more than limit (None: all)."""
-        limits = [n for n in (self.curve_limit, self.limit) if n is not None]
+        """Requests per curve point: curve_limit, never more than eval.limit (None: all)."""
+        limits = [n for n in (self.curve_limit, self.evaluation.limit) if n is not None]
         return min(limits) if limits else None
 
     @property

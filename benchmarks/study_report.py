@@ -15,19 +15,22 @@ from headstart.files import read_jsonl
 if TYPE_CHECKING:
     from study_config import StudyConfig
 
+    from train.config import TrainRecipe
+
 CURVE_KEYS = ("forwards_stream_median", "draft_kept_mean", "single_forward_share", "quality_stream")
 
 
-def write_study_report(config: StudyConfig, output: Path, losses, best, summaries, points) -> None:
+def write_study_report(config: StudyConfig, trained: TrainRecipe, output: Path, losses, best, summaries,
+                       points) -> None:
     # matplotlib: not for `--help`; study_figures lies beside this script
     from study_figures import learning_curve, residual_forwards_boxes
 
     from eval.reporting.paired import compare_sides, paired_markdown
     from eval.reporting.plots import paired_differences
 
-    figures = output / "figures"
+    figures, evaluation = output / "figures", config.evaluation
     records = {b: {side: read_jsonl(output / "report" / side / b / "results.jsonl") for side in summaries[b]}
-               for b in config.benchmarks}
+               for b in evaluation.benchmarks}
     curve_scope = f"{config.curve_benchmark}, {problems(config.curve_requests)} problems at every point"
     curve_png = learning_curve(points, curve_scope, figures / "learning_curve.png")
     boxes_png = residual_forwards_boxes(records, figures / "residual_forwards.png")
@@ -37,9 +40,9 @@ def write_study_report(config: StudyConfig, output: Path, losses, best, summarie
     first = next(iter(config.objectives))
     lines = [f"# Adaptation study: {config.model}, base vs {' vs '.join(config.objectives)}\n",
              f"Side `after` is `{first}`. Steps x rows: {', '.join(f'{o} {config.steps(o)}' for o in config.objectives)} "
-             f"x {config.effective_batch_size}, "
-             f"max length {config.max_length}. Evaluation: {problems(config.limit)} problems, {config.decode.acceptance}, "
-             f"regenerate={config.decode.regenerate}, {config.decode.max_new_tokens} tokens.\n",
+             f"x {trained.run.effective_batch_size}, max length {trained.training['max_length']}. Evaluation: "
+             f"{problems(evaluation.limit)} problems, {evaluation.decode.acceptance}, "
+             f"regenerate={evaluation.decode.regenerate}, {evaluation.decode.max_new_tokens} tokens.\n",
              f"## Learning-rate sweep ({config.sweep_steps} steps, validation loss of each objective)\n",
              markdown_rows(["objective", *losses[first], "chosen"],
                            [[o, *(f"{v:.4f}" for v in rates.values()), f"{best[o]:g}"] for o, rates in losses.items()]), ""]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from headstart.benchmark_registry import EVALUATION_SETS
-from headstart.run_config import DeviceSetting, ModelSetting
+from headstart.run_config import DeviceSetting, ModelSetting, PromptFormatSetting
 from headstart.vllm_settings import VLLMSettings
 
 
@@ -73,7 +73,7 @@ class DecontaminationConfig:
 
 
 @dataclass
-class GenerationConfig(DeviceSetting):
+class GenerationConfig(PromptFormatSetting, DeviceSetting):
     backend: str = field(
         default="auto",
         metadata={"help": "auto (vLLM when its environment exists and a GPU is present), transformers or vllm."},
@@ -84,11 +84,6 @@ class GenerationConfig(DeviceSetting):
                           "schedules its own batches)."},
     )
     max_new_tokens: int = field(default=512, metadata={"help": "Longest generated answer or draft."})
-    prompt_format: str = field(
-        default="auto",
-        metadata={"help": "auto, chat or completion (headstart.prompts.PROMPT_FORMATS): a base model answers each "
-                          "request in `completion_frame`, its answer ending at the frame's stop strings."},
-    )
     completion_frame: str = field(
         default="transcript",
         metadata={"help": "The frame of a base model's requests and rows (headstart.completion.FRAMES): the evaluated "

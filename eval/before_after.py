@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from eval.benchmarks import BENCHMARKS
 from eval.engines.decode import decode_label
 from eval.evaluation.config import EvalConfig, EvaluationSettings, check_limit
 from eval.reporting.tables import macro_average, markdown_rows, markdown_table
@@ -25,7 +26,8 @@ from eval.reporting.wandb_report import log_side
 from headstart.config import config_to_dict, dump_config, run_cli
 from headstart.files import read_jsonl
 from headstart.paths import outputs_dir
-from headstart.prompts import check_evaluation_system_setting
+from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, check_evaluation_system_setting, resolve_system_message
+from headstart.run_config import SystemPromptSetting
 from headstart.run_dir import check_output_dir, write_mark
 
 if TYPE_CHECKING:
@@ -36,8 +38,9 @@ KIND = "before-after"
 
 
 @dataclass
-class BeforeAfterConfig(EvaluationSettings):
-    """Evaluate a base model (`model`) and its adaptation with identical settings."""
+class BeforeAfterConfig(SystemPromptSetting, EvaluationSettings):
+    """Evaluate a base model (`model`) and its adaptation with identical settings. One system message on
+    every side: `system_prompt=model` is what the adapted model (`adapted`) records (`shared_system_setting`)."""
 
     adapted: str = field(
         default=str(outputs_dir("train", "smollm2_prefix", "adapter")),
@@ -54,10 +57,6 @@ class BeforeAfterConfig(EvaluationSettings):
         metadata={"help": "Requests per benchmark (first N with n >= 2); null: all; 0: check only (both sides' settings, data, "
                           "models, output dirs), evaluate and write nothing."},
     )
-    system_prompt: str = field(
-        default="incomplete",
-        metadata={"help": "System message for both sides: 'incomplete', 'model' or text."},
-    )
     output_dir: str = field(
         default=str(outputs_dir("before_after", "smollm2")),
         metadata={"help": "Report, figures, per-side results."},
@@ -67,6 +66,9 @@ class BeforeAfterConfig(EvaluationSettings):
 
     def __post_init__(self) -> None:
         check_limit(self.limit)
+        unknown = sorted((set(self.benchmarks) | set(self.data_paths)) - set(BENCHMARKS))
+        if unknown:
+            raise ValueError(f"benchmarks or data_paths name {unknown}, not benchmarks ({', '.join(sorted(BENCHMARKS))})")
         self.system_prompt = check_evaluation_system_setting(self.system_prompt)
         super().__post_init__()
         for name in self.more_adapted:
@@ -77,6 +79,20 @@ class BeforeAfterConfig(EvaluationSettings):
     def sides(self) -> dict[str, str]:
         """Side name -> model, in report order: the base first."""
         return {"before": self.model, "after": self.adapted, **self.more_adapted}
+
+
+def shared_system_setting(config: BeforeAfterConfig) -> str:
+    """The system setting every side is evaluated with: `model` reads the adapted model's training record
+    (the base has none), so both sides get the message the adaptation was trained with and the
+    comparison stays one of weights.
+
+    Args:
+        config (BeforeAfterConfig): the before/after settings.
+    """
+    if config.system_prompt != "model":
+        return config.system_prompt
+    text = resolve_system_message("model", config.adapted)
+    return "none" if text is None else "incomplete" if text == INCOMPLETE_REQUEST_SYSTEM else text
 
 
 def side_config(config: BeforeAfterConfig, side: str, benchmark: str) -> EvalConfig:
@@ -93,7 +109,7 @@ def side_config(config: BeforeAfterConfig, side: str, benchmark: str) -> EvalCon
         data_path=config.data_paths.get(benchmark),
         limit=config.limit,
         decode=config.decode,
-        system_prompt=config.system_prompt,
+        system_prompt=shared_system_setting(config),
         timed_every=config.timed_every,
         backend=config.backend,
         fast_batch_size=config.fast_batch_size,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from eval.engines.decode import DecodeSpec
 from headstart.config import run_cli
 from headstart.prompts import check_evaluation_system_setting
-from headstart.run_config import ModelOnDevice
+from headstart.run_config import AdapterSetting, ModelOnDevice, SystemPromptSetting
 from headstart.vllm_settings import VLLMSettings
 
 if TYPE_CHECKING:
@@ -32,11 +32,10 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class ServeConfig(ModelOnDevice):
+class ServeConfig(SystemPromptSetting, AdapterSetting, ModelOnDevice):
     """Serve a model with streaming generation: OpenAI chat completions and typing sessions on vLLM. `model` may be
     a merged dir or an adapter dir (merged before serving)."""
 
-    adapter: str | None = field(default=None, metadata={"help": "LoRA adapter dir on `model`, merged before serving."})
     drafts: bool = field(default=True, metadata={"help": "Verify drafts as speculative proposals (false: plain vLLM, "
                                                           "the reference the drafts' answers must equal)."})
     speculative_tokens: int = field(default=8, metadata={"help": "Most draft tokens verified per engine step (vLLM's "
@@ -48,8 +47,6 @@ class ServeConfig(ModelOnDevice):
                                                                 "session expires."})
     decode: DecodeSpec = field(default_factory=DecodeSpec, metadata={
         "help": "The lookup policy (decode.lookup_*, chains only) and decode.max_new_tokens, the default max_tokens."})
-    system_prompt: str = field(default="model", metadata={"help": "System message added when a request has none, as "
-                                                                  "for `python -m eval`."})
     max_model_len: int = field(default=4096, metadata={"help": "Longest prompt + answer a request may take."})
     host: str = field(default="127.0.0.1", metadata={"help": "Address to listen on."})
     port: int = field(default=8000, metadata={"help": "Port to listen on."})

@@ -31,10 +31,15 @@ class DeviceSetting:
 
 
 @dataclass
-class ModelOnDevice(DeviceSetting, ModelSetting):
-    """The `model`, `device` and `dtype` keys (in that order) of a run that loads a model."""
+class DtypeSetting:
+    """The `dtype` key: the weights' dtype; the schema that holds it checks it (`check_dtype`)."""
 
     dtype: str | None = field(default=None, metadata={"help": "Torch dtype name; default bfloat16 on GPU, float32 on CPU."})
+
+
+@dataclass
+class ModelOnDevice(DtypeSetting, DeviceSetting, ModelSetting):
+    """The `model`, `device` and `dtype` keys (in that order) of a run that loads a model."""
 
     def __post_init__(self) -> None:
         check_dtype(self.dtype)
@@ -42,21 +47,42 @@ class ModelOnDevice(DeviceSetting, ModelSetting):
 
 
 @dataclass
-class AdaptedModelOnDevice(ModelOnDevice):
-    """A model on a device with a LoRA adapter on it, and the system message and format its prompts get
-    (`python -m eval` and the verifier study: the same keys, with the same meaning)."""
+class AdapterSetting:
+    """The `adapter` key: a LoRA adapter on `model`."""
 
-    adapter: str | None = field(default=None, metadata={"help": "Optional LoRA adapter directory applied to `model`."})
+    adapter: str | None = field(default=None, metadata={"help": "LoRA adapter directory (its adapter_config.json names "
+                                                                 "the base): on `model` where a command has one; the "
+                                                                 "server merges it before serving."})
+
+
+@dataclass
+class SystemPromptSetting:
+    """The `system_prompt` key; the schema that holds it checks it (`check_evaluation_system_setting`)."""
+
     system_prompt: str = field(
         default="model",
         metadata={"help": "headstart.prompts setting: model (what the adapter/merged dir records; else none), incomplete, "
-                          "none, or literal text"},
+                          "none, or literal text (the server adds it to a request that has no system message)"},
     )
+
+
+@dataclass
+class PromptFormatSetting:
+    """The `prompt_format` key; the schema that holds it checks it (`check_prompt_format`)."""
+
     prompt_format: str = field(
         default="auto",
         metadata={"help": "auto (what the adapter records, else completion for an embedded base model, else chat), chat, "
-                          "or completion (a base model: the request's text in its benchmark's frame; headstart.completion)"},
+                          "or completion (a base model: plain text in a frame, headstart.completion: the benchmark's in "
+                          "evaluation, generation.completion_frame in a data build, a User/Assistant transcript in "
+                          "training, the answer then EOS)"},
     )
+
+
+@dataclass
+class AdaptedModelOnDevice(PromptFormatSetting, SystemPromptSetting, AdapterSetting, ModelOnDevice):
+    """A model on a device with a LoRA adapter on it, and the system message and format its prompts get
+    (`python -m eval` and the verifier study: the same keys, with the same meaning)."""
 
     def __post_init__(self) -> None:
         check_prompt_format(self.prompt_format)

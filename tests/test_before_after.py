@@ -145,3 +145,24 @@ def test_more_adapted_side_names_are_checked():
         BeforeAfterConfig(more_adapted={"after": "x"})
     with pytest.raises(ValueError, match="side name 'a/b'"):
         BeforeAfterConfig(more_adapted={"a/b": "x"})
+
+
+def test_every_side_gets_the_system_message_the_adapted_model_was_trained_with(tmp_path):
+    """`system_prompt=model` (the shared default) reads the adapted model's training record and gives
+    it to every side, the base included; a named setting is given as it is."""
+    from eval.before_after import shared_system_setting
+    from headstart.prompts import INCOMPLETE_REQUEST_SYSTEM, write_training_record
+
+    def sides(record: dict | None, **settings) -> set[str]:
+        adapted = tmp_path / f"adapter{len(list(tmp_path.iterdir()))}"
+        adapted.mkdir()
+        if record is not None:
+            write_training_record(adapted, record)
+        config = BeforeAfterConfig(adapted=str(adapted), **settings)
+        return {side_config(config, side, "humaneval").system_prompt for side in config.sides}
+
+    assert sides({"system_message": INCOMPLETE_REQUEST_SYSTEM}) == {"incomplete"}
+    assert sides({"system_message": None}) == sides(None) == {"none"}
+    assert sides({"system_message": "Be brief."}) == {"Be brief."}
+    assert sides({"system_message": None}, system_prompt="incomplete") == {"incomplete"}
+    assert shared_system_setting(BeforeAfterConfig(system_prompt="Be kind.")) == "Be kind."

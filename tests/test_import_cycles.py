@@ -1,6 +1,6 @@
 """The code's shape: no import cycle in any package (headstart, eval, train, data_builders) nor among
 the scripts (benchmarks/, scripts/); no test-only code in them; no function longer than
-LONGEST_FUNCTION lines (its docstring included).
+LONGEST_FUNCTION lines (its docstring included); each shared setting declared once.
 
 The graph is read from the source with `ast`: every import counts, at a module's top, under
 `if TYPE_CHECKING:` and inside a function alike, since a cycle hidden behind a TYPE_CHECKING
@@ -180,3 +180,32 @@ def test_no_function_is_longer_than_sixty_lines():
                 if lines > LONGEST_FUNCTION:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {lines} lines")
     assert long == []
+
+
+# The settings many commands share, each declared by one dataclass field (headstart/run_config.py) that
+# every schema holding it composes: one name, one default, one help.
+SHARED_SETTINGS = ("device", "dtype", "adapter", "system_prompt", "prompt_format")
+
+
+def schema_fields() -> dict[str, list[str]]:
+    """Field name -> `file:Class` of every dataclass field declared with `field(...)` in the packages
+    and scripts (the settings schemas declare theirs so, with a help)."""
+    declared: dict[str, list[str]] = {}
+    for path in module_files().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for item in node.body:
+                if (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)
+                        and isinstance(item.value, ast.Call) and getattr(item.value.func, "id", "") == "field"):
+                    declared.setdefault(item.target.id, []).append(f"{path.relative_to(REPO)}:{node.name}")
+    return declared
+
+
+def test_each_shared_setting_is_declared_once():
+    declared = schema_fields()
+    again = {name: sorted(set(declared[name])) for name in SHARED_SETTINGS if len(set(declared.get(name, []))) != 1}
+    assert not again, f"declared more than once (compose headstart/run_config.py's): {again}"
+    assert {name: declared[name] for name in SHARED_SETTINGS} == {
+        name: ["headstart/run_config.py:" + cls] for name, cls in zip(SHARED_SETTINGS, (
+            "DeviceSetting", "DtypeSetting", "AdapterSetting", "SystemPromptSetting", "PromptFormatSetting"))}

@@ -116,7 +116,7 @@ def test_compare_sides_and_the_figure(tmp_path):
 
 def test_the_study_report_pairs_every_objective_with_the_base(tmp_path, monkeypatch):
     """benchmarks/study_adaptation.py's study.md: a Paired changes table per objective, and the figure."""
-    from study_adaptation import StudyConfig
+    from study_adaptation import StudyConfig, train_recipes
     from study_report import write_study_report
 
     from eval.reporting.metrics import summarize
@@ -124,8 +124,8 @@ def test_the_study_report_pairs_every_objective_with_the_base(tmp_path, monkeypa
 
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    config = StudyConfig(objectives={"sft": "smollm2_prefix", "distill": "smollm2_distill"}, benchmarks=["humaneval"],
-                         output_dir=str(tmp_path))
+    config = StudyConfig(objectives={"sft": "smollm2_prefix", "distill": "smollm2_distill"},
+                         eval={"benchmarks": ["humaneval"], "system_prompt": "none"}, output_dir=str(tmp_path))
     records = {"before": side(RESIDUALS), "after": side([r - 2 for r in RESIDUALS]), "distill": side(RESIDUALS)}
     for name, rows in records.items():
         (tmp_path / "report" / name / "humaneval").mkdir(parents=True)
@@ -137,7 +137,7 @@ def test_the_study_report_pairs_every_objective_with_the_base(tmp_path, monkeypa
     point = {"forwards_stream_median": 7.5, "draft_kept_mean": 0.3, "single_forward_share": 0.0, "quality_stream": 1.0}
     points = {objective: [{"step": 0, **point}] for objective in config.objectives}
     losses = {objective: {"0.0001": 1.0} for objective in config.objectives}
-    write_study_report(config, tmp_path, losses, {o: 1e-4 for o in config.objectives},
+    write_study_report(config, train_recipes(config)["sft"], tmp_path, losses, {o: 1e-4 for o in config.objectives},
                        {"humaneval": {name: summarize(rows) for name, rows in records.items()}}, points)
     study = (tmp_path / "study.md").read_text()
     assert "## Paired changes: humaneval, sft vs before" in study and "## Paired changes: humaneval, distill vs before" in study

@@ -237,7 +237,7 @@ COVERAGE: dict[str, Checked | RunCheap | HelpHas | Elsewhere | Allowed] = {
     "data.answers_from_other_model=true training.max_steps=160 training.learning_rate=3e-3 "
     "training.output_dir=outputs/train/smollm2_code_self_round2": Checked(),
     "python benchmarks/study_adaptation.py recipe=study_smollm2 data_recipe=embedded_prefix max_steps=2 "
-    "objective_steps.sdft=2 curve_points=2 sweep_steps=1 learning_rates=[1e-3] limit=2 benchmarks=[humaneval] "
+    "objective_steps.sdft=2 curve_points=2 sweep_steps=1 learning_rates=[1e-3] eval.limit=2 eval.benchmarks=[humaneval] "
     "output_dir=/tmp/study_smoke": Checked(),
     # Slurm: the same scripts run on the local four-node cluster with CPU options (tests/test_slurm.py)
     "sbatch slurm/train.sbatch recipe=qwen3_prefix training.learning_rate=1e-4": Checked(

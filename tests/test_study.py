@@ -36,13 +36,37 @@ def test_a_final_run_checkpoints_often_and_on_every_curve_point():
 @pytest.mark.parametrize(("bad", "message"), [(["checkpoint_steps=0"], "checkpoint_steps >= 1"),
                                               (["curve_points=3"], "multiple of curve_points=3"),
                                               (["objective_steps={refusion: 5}"], "not objectives of the study"),
-                                              (["benchmarks=[humaneval,mpbb]"], r"name \['mpbb'\], not benchmarks"),
-                                              (["data_paths={humaneva: x.jsonl}"], r"name \['humaneva'\]"),
-                                              (["system_prompt=model"], "one system message"),
-                                              (["system_prompt=dataset"], "training data only")])
+                                              (["eval.benchmarks=[humaneval,mpbb]"], r"name \['mpbb'\], not benchmarks"),
+                                              (["eval.data_paths={humaneva: x.jsonl}"], r"name \['humaneva'\]"),
+                                              (["eval.system_prompt=model"], "one system message"),
+                                              (["eval.system_prompt=dataset"], "training data only"),
+                                              (["eval.adapted=x"], "eval: adapted is set by the study"),
+                                              (["train.training.learning_rate=1"], "train: training.learning_rate is set"),
+                                              (["effective_batch_size=8"], "unknown key effective_batch_size")])
 def test_bad_study_settings_are_refused_before_any_work(bad, message):
     with pytest.raises(ValueError, match=message):
         load_config(StudyConfig, ["recipe=study_smollm2", *bad])
+
+
+def test_the_study_nests_train_and_eval_settings_it_does_not_copy():
+    """`train:` reaches every objective's recipe as train/sft.py reads it (a bad key refused by the
+    recipe's own check), `eval:` is the before/after config; the evaluation's system message is the
+    training rows'; the recipes must agree on the data build's cap."""
+    from study_adaptation import train_recipes
+
+    from train.config import RecipeValueError
+
+    config = load_config(StudyConfig, ["recipe=study_smollm2", "eval.limit=20", "eval.system_prompt=none",
+                                       "train.training.max_length=256", "train.lora.r=4"])
+    recipes = train_recipes(config)
+    assert {(r.training["max_length"], r.lora.r, r.data.system_message, r.run.effective_batch_size)
+            for r in recipes.values()} == {(256, 4, "none", 8)}
+    assert (config.evaluation.limit, config.evaluation.backend, config.curve_requests) == (20, "vllm", 20)
+    with pytest.raises(RecipeValueError, match="unknown key training.max_lenght"):
+        train_recipes(load_config(StudyConfig, ["recipe=study_smollm2", "train.training.max_lenght=3"]))
+    with pytest.raises(ValueError, match="differ in training.max_length"):
+        train_recipes(StudyConfig(train={}, objectives={"sft": "smollm2_prefix", "refusion": "smollm2_refusion_full"},
+                                  eval={"benchmarks": ["humaneval"], "system_prompt": "none"}))
 
 
 def same_logits(first: torch.Tensor, second: torch.Tensor) -> bool:
@@ -57,7 +81,7 @@ def test_an_adapter_is_evaluated_merged_made_once(tmp_path, tiny_qwen3_dir):
     adapter = make_adapter(tiny_qwen3_dir, tmp_path / "checkpoint-20")
     (tmp_path / "checkpoint-20-merging").mkdir()  # a merge killed before its rename
     (tmp_path / "checkpoint-20-merging" / "stale.safetensors").write_text("half a file")
-    config = StudyConfig(benchmarks=["humaneval"], output_dir=str(tmp_path))
+    config = StudyConfig(eval={"benchmarks": ["humaneval"], "system_prompt": "none"}, output_dir=str(tmp_path))
     merged = evaluated_model(config, adapter)
     assert merged == tmp_path / "checkpoint-20-merged" and not (tmp_path / "checkpoint-20-merging").exists()
     tokens = torch.tensor([[1, 5, 9, 2, 7]])
@@ -74,15 +98,15 @@ def test_an_adapter_is_evaluated_merged_made_once(tmp_path, tiny_qwen3_dir):
         retrained = load_model(str(adapter), device="cpu").model(tokens).logits
         assert same_logits(retrained, load_model(str(merged), device="cpu").model(tokens).logits)
     assert not same_logits(retrained, through_lora)
-    assert evaluated_model(StudyConfig(benchmarks=["humaneval"], merge_for_eval=False), adapter) == adapter
+    unmerged = StudyConfig(eval={"benchmarks": ["humaneval"], "system_prompt": "none"}, merge_for_eval=False)
+    assert evaluated_model(unmerged, adapter) == adapter
 
 
 # The study of one objective on the embedded data, 2 problems, 2 steps: each stage's real code
 # (data build, sweep and training launches, merge, before/after, curve, report) in minutes.
 SMOKE_STUDY = ("objectives={'sft': 'smollm2_prefix'}, learning_rates=[1e-3], sweep_steps=1, max_steps=2, curve_points=2, "
-               "data_recipe='embedded_prefix', benchmarks=['humaneval'], limit=2, backend='transformers', threads=1, "
-               "system_prompt='none', "
-               "decode=DecodeSpec(max_new_tokens=32)")
+               "data_recipe='embedded_prefix', threads=1, eval={'benchmarks': ['humaneval'], 'limit': 2, "
+               "'backend': 'transformers', 'system_prompt': 'none', 'decode': {'max_new_tokens': 32}}")
 
 
 @pytest.mark.slow
@@ -93,7 +117,6 @@ def test_the_study_runs_to_its_report_and_resumes_after_a_kill(tmp_path):
     out = tmp_path / "study"
     script = ("import sys; sys.path.insert(0, 'benchmarks')\n"
               "from study_adaptation import StudyConfig, run_study\n"
-              "from eval.engines.decode import DecodeSpec\n"
               f"run_study(StudyConfig({SMOKE_STUDY}, output_dir={str(out)!r}))\n")
     command, env = [sys.executable, "-c", script], launch_env()
     with (tmp_path / "first.log").open("w") as log:

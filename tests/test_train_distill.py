@@ -28,7 +28,7 @@ from train.config import RecipeValueError
 from train.distill import IGNORE_INDEX, DistillCollator, DistillTrainer
 from train.model import lora_config
 from train.sft import parse_recipe
-from train.sft_config import sft_config
+from train.sft_config import trainer_config
 from train.tokenization import tokenize_dataset
 
 X = IGNORE_INDEX
@@ -121,7 +121,7 @@ def make_trainer(tmp_path, model_dir, rows: list[dict], **distill) -> tuple[Dist
     tokenizer = load_tokenizer(str(model_dir))
     data = tokenize_dataset(Dataset.from_list(rows), tokenizer, detect_family(tokenizer), "incomplete_request", "distill")
     trainer = DistillTrainer(
-        model=str(model_dir), args=sft_config(recipe, "t", tmp_path, 1, False), train_dataset=data,
+        model=str(model_dir), args=trainer_config(recipe, "t", tmp_path, 1, False), train_dataset=data,
         data_collator=DistillCollator(tokenizer.pad_token_id, recipe.training["max_length"]),
         processing_class=tokenizer, peft_config=lora_config(recipe),
         divergence=recipe.distill.divergence, top_k=recipe.distill.top_k,

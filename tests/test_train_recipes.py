@@ -109,10 +109,10 @@ def test_a_key_that_moved_out_of_training_names_its_new_place(tmp_path):
 def test_training_section_is_trls_sft_config():
     """Any SFTConfig field is given under its own name and reaches SFTConfig as it is; a bad
     type is refused naming the field; what train/sft.py derives is refused with where it comes from."""
-    from train.sft_config import sft_config
+    from train.sft_config import trainer_config
 
     recipe, _ = parse_recipe(["training.logging_first_step=true", "training.optim=adafactor"])
-    args = sft_config(recipe, "smollm2_prefix", Path("/tmp/unused"), world_size=1, evaluate=False, placement=(0, "cpu"))
+    args = trainer_config(recipe, "smollm2_prefix", Path("/tmp/unused"), world_size=1, evaluate=False, placement=(0, "cpu"))
     assert args.logging_first_step is True and args.optim == "adafactor"
     assert (args.max_steps, args.learning_rate, args.lr_scheduler_type) == (20, 2e-4, "cosine")
     with pytest.raises(RecipeValueError, match=r"^training\.max_steps must be int, got 'many'$"):
@@ -124,7 +124,41 @@ def test_training_section_is_trls_sft_config():
         parse_recipe(["training.gradient_checkpointing=true"])
     bad, _ = parse_recipe(["training.lr_scheduler_type=cosin"])  # TRL's own check, in one line
     with pytest.raises(RecipeValueError, match=r"^training: TRL's SFTConfig refuses it: cosin is not a valid SchedulerType"):
-        sft_config(bad, "smollm2_prefix", Path("/tmp/unused"), world_size=1, evaluate=False, placement=(0, "cpu"))
+        trainer_config(bad, "smollm2_prefix", Path("/tmp/unused"), world_size=1, evaluate=False, placement=(0, "cpu"))
+
+
+def test_trls_config_is_built_once_from_the_recipe_in_two_steps():
+    """train/sft.py builds TRL's config once (before any download), and nothing else in train/ builds
+    one: recipe -> `parse_recipe` -> `trainer_config` -> SFTConfig/SDFTConfig."""
+    import ast
+
+    def calls(path: Path, names: set[str]) -> list[str]:
+        tree = ast.parse(path.read_text())
+        return [node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name) and node.func.id in names]
+
+    assert calls(REPO / "train" / "sft.py", {"trainer_config", "parse_recipe"}) == ["parse_recipe", "trainer_config"]
+    builders = {"HeadstartSFTConfig", "SDFTConfig", "SFTConfig", "config_class"}
+    built = {path.name: found for path in sorted((REPO / "train").glob("*.py")) if (found := calls(path, builders))}
+    assert built == {"sft_config.py": ["config_class"]}
+
+
+def test_evaluation_is_decided_from_the_datas_split_listing(tmp_path):
+    """Whether a run evaluates is known before the data is read: a file holds `train` alone, a saved
+    dataset its listed splits; eval_steps 0 or no eval_split never evaluates."""
+    from datasets import Dataset, DatasetDict
+
+    from train.splits import evaluates
+
+    rows = Dataset.from_list([{"query": "a", "response": "b"}])
+    DatasetDict({"train": rows, "validation": rows}).save_to_disk(str(tmp_path / "both"))
+    rows.save_to_disk(str(tmp_path / "bare"))
+    (tmp_path / "rows.jsonl").write_text('{"query": "a", "response": "b"}\n')
+    decided = [evaluates(parse_recipe([f"data.path={tmp_path / name}", *extra])[0])
+               for name, extra in [("both", ["training.eval_steps=5"]), ("bare", ["training.eval_steps=5"]),
+                                   ("rows.jsonl", ["training.eval_steps=5"]), ("both", ["training.eval_steps=0"]),
+                                   ("both", ["training.eval_steps=5", "data.eval_split=null"])]]
+    assert decided == [True, False, False, False, False]
 
 
 def test_training_help_rows_come_from_sft_configs_metadata():

@@ -25,8 +25,9 @@ from headstart.models import load_model, load_tokenizer
 from headstart.prompts import detect_family, encode_prompt, render_prompt
 from train.config import RecipeValueError
 from train.model import lora_config
-from train.sdft import PRIVILEGED, sdft_config, sdft_rows, sdft_trainer
+from train.sdft import PRIVILEGED, sdft_rows, sdft_trainer
 from train.sft import parse_recipe
+from train.sft_config import trainer_config
 from train.tokenization import resolve_training_system
 
 SYSTEM = resolve_training_system("incomplete", None)  # the text of the incomplete-request message
@@ -77,10 +78,10 @@ def test_bad_sdft_settings_name_the_key(argv, key):
 
 def test_batch_not_divisible_by_the_generations_and_sft_only_fields_are_refused(tmp_path):
     with pytest.raises(RecipeValueError, match=r"sdft\.num_generations=3 must divide the effective batch 4"):
-        sdft_config(recipe_of("sdft.num_generations=3"), "t", tmp_path, 1, False, (0, "cpu"))
+        trainer_config(recipe_of("sdft.num_generations=3"), "t", tmp_path, 1, False, (0, "cpu"))
     with pytest.raises(RecipeValueError, match=r"training\.dataset_num_proc is a field of TRL's SFTConfig"):
-        sdft_config(recipe_of("training.dataset_num_proc=2"), "t", tmp_path, 1, False, (0, "cpu"))
-    args = sdft_config(recipe_of("sdft.num_generations=2"), "t", tmp_path, 1, False, (0, "cpu"))
+        trainer_config(recipe_of("training.dataset_num_proc=2"), "t", tmp_path, 1, False, (0, "cpu"))
+    args = trainer_config(recipe_of("sdft.num_generations=2"), "t", tmp_path, 1, False, (0, "cpu"))
     assert (args.teacher_model_kind, args.num_generations, args.generation_batch_size) == ("base", 2, 4)
 
 
@@ -102,7 +103,7 @@ def test_teacher_is_the_base_with_the_adapter_off_reading_the_full_request(tmp_p
     family = detect_family(tokenizer)
     row = distill_rows(1)[0]
     data = sdft_rows(Dataset.from_list([row]), tokenizer, family, SYSTEM, recipe, "train")
-    trainer = sdft_trainer(model=str(tiny_model_dir), args=sdft_config(recipe, "t", tmp_path, 1, False, (0, "cpu")),
+    trainer = sdft_trainer(model=str(tiny_model_dir), args=trainer_config(recipe, "t", tmp_path, 1, False, (0, "cpu")),
                            train_dataset=data, processing_class=tokenizer, peft_config=lora_config(recipe))
     assert trainer.teacher_model is trainer.model  # no second copy of the weights
     generator = torch.Generator().manual_seed(0)

@@ -16,7 +16,7 @@ from headstart.prompts import (
 )
 from train.model import lora_config
 from train.sft import parse_recipe
-from train.sft_config import sft_config
+from train.sft_config import trainer_config
 from train.tokenization import split_prompt_answer, tokenize_dataset
 
 
@@ -29,7 +29,7 @@ def test_labels_cover_only_the_assistant_answer(tmp_path, tiny_qwen3_dir):
     data = tokenize_dataset(Dataset.from_list(rows), tokenizer, detect_family(tokenizer), "incomplete_request")
     recipe, _ = parse_recipe(["training.report_to=[none]", "training.max_length=4096"])
     trainer = SFTTrainer(
-        model=str(tiny_qwen3_dir), args=sft_config(recipe, "t", tmp_path, 1, False), train_dataset=data,
+        model=str(tiny_qwen3_dir), args=trainer_config(recipe, "t", tmp_path, 1, False), train_dataset=data,
         processing_class=tokenizer, peft_config=lora_config(recipe),
     )
     prepared = trainer.train_dataset

@@ -17,6 +17,7 @@ from typing import Any
 
 from headstart.config import RecipeError
 from headstart.paths import outputs_dir
+from headstart.run_config import DtypeSetting, PromptFormatSetting
 
 OBJECTIVES = ("sft", "refusion", "distill", "sdft")
 # The trackers train/sft.py configures (train/tracking.py); none: no tracker.
@@ -30,22 +31,22 @@ OVER_LONG = ("skip", "cut")
 
 
 @dataclass
-class ModelSection:
+class ModelSection(DtypeSetting, PromptFormatSetting):
+    """The base model (`dtype` unset: bf16 on GPU, fp32 on CPU, and fp32 wherever every weight trains)."""
+
     name_or_path: str = field(
         default="smollm2", metadata={"help": "base model: embedded name (smollm2), hub id, local dir or .gguf file"}
     )
-    dtype: str = field(default="auto", metadata={"help": "weights dtype: auto (bf16 on GPU, fp32 on CPU), float32, bfloat16"})
     attn_implementation: str = field(default="sdpa", metadata={"help": "attention kernel passed to from_pretrained"})
     use_peft: bool = field(
         default=True,
         metadata={"help": "train the `lora:` adapter (TRL's ModelConfig.use_peft); false: every weight trains "
                           "(objective sft or refusion) and merged/ holds the trained model, with no adapter/"},
     )
-    prompt_format: str = field(
-        default="auto",
-        metadata={"help": "how rows become text (headstart.prompts.PROMPT_FORMATS): auto, chat, or completion (a base "
-                          "model: a User/Assistant transcript, the answer then EOS)"},
-    )
+
+    def __post_init__(self) -> None:
+        if self.dtype == "auto":  # the spelling of unset in recipes and saved runs before `dtype` was shared
+            self.dtype = None
 
 
 @dataclass

@@ -31,16 +31,14 @@ def load_split(path: str, split: str) -> Dataset | None:
     local = Path(path).expanduser()
     if local.suffix in FILE_FORMATS:
         require_file(local)
-        if split != "train":
-            return None  # a single file holds one split: it is the training split, there is no other
+    present = has_split(path, split)
+    if present is False:
+        return None
+    if local.suffix in FILE_FORMATS:
         return _nonempty(_load_file(local), path, split)
     if local.is_dir():
-        listing = local / "dataset_dict.json"  # a DatasetDict: each split is read on its own
-        if listing.is_file():
-            if split not in read_json_file(listing).get("splits", []):
-                return None
-            return _nonempty(_load_saved(local / split, path, split), path, split)
-        return _nonempty(_load_saved(local, path, split), path, split) if split == "train" else None
+        listed = (local / "dataset_dict.json").is_file()  # a DatasetDict: each split is read on its own
+        return _nonempty(_load_saved(local / split if listed else local, path, split), path, split)
     if path.startswith((".", "/", "~")) or is_default_output(path):
         raise FileNotFoundError(f"dataset not found: {path} (build it first, e.g. python -m data_builders)")
     try:
@@ -49,6 +47,23 @@ def load_split(path: str, split: str) -> Dataset | None:
         if "split" in str(error).lower():
             return None
         raise
+
+
+def has_split(path: str, split: str) -> bool | None:
+    """Whether a local dataset holds `split`, from its listing alone (a single file or a bare saved
+    dataset holds `train` only); None for anything else (a hub id, a path not there): known once read.
+
+    Args:
+        path (str): a data file, a saved dataset's directory or a hub dataset id.
+        split (str): the split's name.
+    """
+    local = Path(path).expanduser()
+    if local.suffix in FILE_FORMATS and local.is_file():
+        return split == "train"  # a single file holds one split: it is the training split, there is no other
+    if local.is_dir():
+        listing = local / "dataset_dict.json"
+        return split in read_json_file(listing).get("splits", []) if listing.is_file() else split == "train"
+    return None
 
 
 def data_fingerprint(path: str) -> str:

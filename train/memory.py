@@ -93,9 +93,9 @@ def estimate(recipe, recipe_name: str, strategy: str, gpus: int) -> Estimate:
     """
     if not recipe.model.use_peft:
         raise RecipeError("model.use_peft=false: the estimate covers LoRA training (weights frozen, adapter states)")
-    if recipe.model.dtype not in ("auto", "bfloat16"):
+    if recipe.model.dtype not in (None, "bfloat16"):
         raise RecipeError(
-            f"model.dtype {recipe.model.dtype}: the estimate covers bf16 training (dtype auto or bfloat16)"
+            f"model.dtype {recipe.model.dtype}: the estimate covers bf16 training (dtype unset or bfloat16)"
         )
     arch = Architecture.from_config(vendored_config(recipe.model.name_or_path))
     adapter = adapter_of(recipe, arch)

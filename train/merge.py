@@ -21,20 +21,19 @@ from pathlib import Path
 import torch
 
 from headstart.config import run_cli
+from headstart.device_names import check_dtype
 from headstart.model_files import is_adapter_dir
 from headstart.models import load_model
 from headstart.prompts import TRAINING_RECORD
+from headstart.run_config import AdapterSetting, DtypeSetting
 
 
 @dataclass
-class MergeArgs:
-    adapter: str = field(default="", metadata={"help": "LoRA adapter directory (adapter_config.json names the base)"})
+class MergeArgs(DtypeSetting, AdapterSetting):
+    """Fold `adapter` (its adapter_config.json names the base) into its base weights, saved in `dtype` (the
+    merge runs on the CPU in float32: unset saves float32; bfloat16 rounds away much of a small adapter)."""
+
     output: str = field(default="", metadata={"help": "directory for the merged model"})
-    dtype: str = field(
-        default="float32",
-        metadata={"help": "dtype the merged weights are saved in (the merge itself runs in float32): float32, "
-                          "bfloat16 (rounds away much of a small adapter) or float16"},
-    )
 
 
 def merge_adapter(adapter_dir: str | Path, output_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
@@ -58,9 +57,6 @@ def merge_adapter(adapter_dir: str | Path, output_dir: str | Path, dtype: torch.
     return output
 
 
-DTYPES = ("float32", "bfloat16", "float16")
-
-
 def run(args: MergeArgs) -> Path:
     """Check the arguments, then merge; every check runs before the base model loads.
 
@@ -69,11 +65,10 @@ def run(args: MergeArgs) -> Path:
     """
     if not args.adapter or not args.output:
         raise ValueError("usage: python -m train.merge adapter=DIR output=DIR [dtype=float32|bfloat16|float16]")
-    if args.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {args.dtype!r}")
+    check_dtype(args.dtype)
     if not is_adapter_dir(args.adapter):
         raise FileNotFoundError(f"adapter={args.adapter}: not a LoRA adapter directory (no adapter_config.json)")
-    output = merge_adapter(args.adapter, args.output, getattr(torch, args.dtype))
+    output = merge_adapter(args.adapter, args.output, getattr(torch, args.dtype or "float32"))  # the CPU's default
     print(output)
     return output
 

@@ -21,7 +21,7 @@ def model_config(recipe: TrainRecipe) -> ModelConfig:
         recipe (TrainRecipe): the validated recipe.
     """
     model, lora = recipe.model, recipe.lora
-    return ModelConfig(model_name_or_path=model.name_or_path, dtype=model.dtype,
+    return ModelConfig(model_name_or_path=model.name_or_path, dtype=model.dtype or "auto",
                        attn_implementation=model.attn_implementation, use_peft=model.use_peft, lora_r=lora.r,
                        lora_alpha=lora.alpha, lora_dropout=lora.dropout, lora_task_type="CAUSAL_LM",
                        lora_target_modules=lora.target_regex or list(lora.target_modules))
@@ -48,16 +48,16 @@ def use_bf16(recipe: TrainRecipe) -> bool:
 
 
 def model_dtype(recipe: TrainRecipe) -> torch.dtype:
-    """The weights' dtype: `model.dtype`, where `auto` is bf16 on GPU and fp32 on CPU, and fp32 wherever
+    """The weights' dtype: `model.dtype`, where unset is bf16 on GPU and fp32 on CPU, and fp32 wherever
     every weight trains (`model.use_peft` false): AdamW on bf16 weights rounds small updates away, and
     `training.bf16` still autocasts the compute. (LoRA keeps its adapter in fp32 over a bf16 base.)
 
     Args:
         recipe (TrainRecipe): the validated recipe.
     """
-    if recipe.model.dtype == "auto" and not recipe.model.use_peft:
+    if recipe.model.dtype is None and not recipe.model.use_peft:
         return torch.float32
-    if recipe.model.dtype == "auto":
+    if recipe.model.dtype is None:
         return default_dtype("cuda" if torch.cuda.is_available() else "cpu")
     return getattr(torch, recipe.model.dtype)
 

@@ -1,5 +1,6 @@
-"""What each `objective:` changes in the run: TRL's config class, and the trainer with its model,
-collator and loss settings. Everything else (LoRA, accelerate, DeepSpeed, checkpoints) is shared."""
+"""What each `objective:` changes in the run: the trainer with its model, collator and loss settings
+(TRL's config class: train/sft_config.py `trainer_config`). Everything else (LoRA, accelerate,
+DeepSpeed, checkpoints) is shared."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from accelerate import PartialState
 from peft import LoraConfig
 from transformers import AutoModelForCausalLM
-from trl import SFTConfig, SFTTrainer
+from trl import SFTTrainer
 
 from headstart.refusion import add_refusion_tokens, mask_token_id
 from train.config import TrainRecipe
@@ -18,25 +19,7 @@ from train.distill import DistillCollator, DistillTrainer
 from train.model import model_init_kwargs
 from train.processes import process_device
 from train.refusion_objective import RefusionCollator, RefusionTrainer, add_trainable_tokens
-from train.sdft import sdft_config, sdft_trainer
-from train.sft_config import sft_config
-
-
-def trainer_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
-                   placement: tuple[int, str] | None = None) -> SFTConfig:
-    """TRL's config of the objective's trainer: SDFTConfig for `sdft`, else HeadstartSFTConfig
-    (arguments: train/sft_config.py `trainer_arguments`).
-
-    Args:
-        recipe (TrainRecipe): the validated recipe.
-        recipe_name (str): its name, for the run name.
-        output_dir (Path): the run directory.
-        world_size (int): the processes of this launch.
-        evaluate (bool): whether there is an evaluation split to evaluate on.
-        placement (tuple[int, str] | None): the node's usable GPUs and this process's device (default: this process's).
-    """
-    build = sdft_config if recipe.objective == "sdft" else sft_config
-    return build(recipe, recipe_name, output_dir, world_size, evaluate, placement)
+from train.sdft import sdft_trainer
 
 
 def refusion_collator(recipe: TrainRecipe, tokenizer, process_index: int) -> RefusionCollator:

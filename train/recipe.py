@@ -19,6 +19,7 @@ from typing import Any
 from packaging.version import Version
 
 from headstart.config import load_config
+from headstart.device_names import check_dtype
 from headstart.devices import gpu_requests
 from headstart.prompts import canonical_system_setting, check_prompt_format
 from train.config import (
@@ -92,8 +93,10 @@ def validate(recipe: TrainRecipe) -> TrainRecipe:
     require(effective >= 1, f"run.effective_batch_size must be >= 1, got {effective}")
     for name in ("per_device_train_batch_size", "max_length", "max_steps", "save_steps", "ddp_timeout"):
         at_least(recipe.training, name, 1)
-    require(recipe.model.dtype in ("auto", "float32", "bfloat16", "float16"),
-            f"model.dtype {recipe.model.dtype!r}: use auto, float32, bfloat16 or float16")
+    try:
+        check_dtype(recipe.model.dtype, "model.dtype")
+    except ValueError as error:
+        raise RecipeValueError(str(error)) from error
     validate_numbers(recipe)
     try:
         recipe.data.system_message = canonical_system_setting(recipe.data.system_message)
@@ -192,7 +195,7 @@ def validate_distill(recipe: TrainRecipe) -> None:
 def validate_sdft(recipe: TrainRecipe) -> None:
     """`sdft:` settings are for objective: sdft alone (elsewhere they would be silently unused); the
     values TRL's SDFTConfig would take but misuse, or refuse only once the data is read. The batch
-    against num_generations is checked with the batch plan (train/sdft.py `sdft_config`).
+    against num_generations is checked with the batch plan (train/sdft.py `sdft_arguments`).
 
     Args:
         recipe (TrainRecipe): the recipe to check.

@@ -25,24 +25,20 @@ What is headstart's here, and why TRL's configuration covers the rest:
 - The lengths. TRL cuts prompts from the left (`max_prompt_length`), which would drop the
   system turn; it is off, and rows whose teacher prompt plus the draft would exceed
   `training.max_length` are left out (a note says how many).
-- The arguments: `training:` (SFTConfig fields) mapped onto SDFTConfig (`sdft_config`).
+- The arguments: `training:` (SFTConfig fields) mapped onto SDFTConfig (`sdft_arguments`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 
 from accelerate import PartialState
 from datasets import Dataset
 
-from headstart.config import error_line
 from headstart.prompts import Family, chat_template, detect_family, encode_prompt
-from train.batch import batch_plan
 from train.config import RecipeValueError, TrainRecipe
 from train.data import check_rows
-from train.sft_config import trainer_arguments
 from train.tokenization import FULL_REQUEST, check_full_requests, dialogue, streamed_turn, with_system
 from train.training_fields import TRAINING_DEFAULTS
 
@@ -62,42 +58,33 @@ def sdft_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(SDFTConfig) if f.init}
 
 
-def sdft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
-                placement: tuple[int, str] | None = None) -> SDFTConfig:
-    """TRL's SDFTConfig: the `training:` section and the batch plan as for SFTConfig
-    (train/sft_config.py `trainer_arguments`), the `sdft:` section, and the teacher and prompt settings above.
+def sdft_arguments(recipe: TrainRecipe, arguments: dict, effective_batch: int) -> dict:
+    """TRL's SDFTConfig arguments: the SFTConfig arguments of the run (`arguments`, train/sft_config.py
+    `trainer_arguments`) that SDFTConfig has, the `sdft:` section, and the teacher and prompt settings above.
 
     Args:
-        recipe (TrainRecipe): the validated recipe.
-        recipe_name (str): its name, for the run name.
-        output_dir (Path): the run directory.
-        world_size (int): the processes of this launch.
-        evaluate (bool): whether there is an evaluation split to evaluate on.
-        placement (tuple[int, str] | None): the node's usable GPUs and this process's device (default: this process's).
+        arguments (dict): the run's SFTConfig arguments.
+        effective_batch (int): sequences per optimizer step (the batch plan's).
     """
-    plan, s = batch_plan(recipe, world_size), recipe.sdft
-    if plan.effective % s.num_generations:
+    s = recipe.sdft
+    if effective_batch % s.num_generations:
         raise RecipeValueError(
-            f"sdft.num_generations={s.num_generations} must divide the effective batch {plan.effective} (the batch "
+            f"sdft.num_generations={s.num_generations} must divide the effective batch {effective_batch} (the batch "
             "plan of run.effective_batch_size): each step drafts num_generations answers to effective / "
             "num_generations prompts")
-    arguments, fields = trainer_arguments(recipe, recipe_name, output_dir, world_size, evaluate, placement), sdft_fields()
+    fields = sdft_fields()
     for key in sorted(set(recipe.training) - fields):
         unused = key in SFT_ONLY_DEFAULTS and (key == "max_length" or recipe.training[key] == TRAINING_DEFAULTS[key])
         if not unused:
             raise RecipeValueError(f"training.{key} is a field of TRL's SFTConfig that SDFTConfig lacks: "
                                    "objective: sdft cannot use it; leave it out")
-    arguments = {k: v for k, v in arguments.items() if k in fields} | {
+    return {k: v for k, v in arguments.items() if k in fields} | {
         field.name: getattr(s, field.name) for field in dataclasses.fields(s)} | dict(
         teacher_model_kind="base", teacher_prompt_template=TEACHER_PROMPT_TEMPLATE, max_prompt_length=None,
         remove_unused_columns=False,
         # TRL's SDFT batches hold prompt_ids and completion_ids, no input_ids for Trainer to count (it warns
         # every step); the completions/* metrics give the draft lengths instead.
         include_num_input_tokens_seen="no")
-    try:
-        return SDFTConfig(**arguments)
-    except (ValueError, TypeError) as error:
-        raise RecipeValueError(f"training: TRL's SDFTConfig refuses it: {error_line(error)}") from error
 
 
 def sdft_row(example: dict, tokenizer, family: Family, system_message: str | None) -> dict:

@@ -10,7 +10,7 @@ reads top to bottom: setup (recipe, process group, batch plan, the checkpoint to
 config, all checked before any download or data work), data, model and trainer, training, and
 saving (the adapter, then the merged model on the main process alone; a full-parameter run's model
 in `merged/`). The recipe's `training:`
-section is TRL's SFTConfig (train/sft_config.py); what each objective swaps in is train/objectives.py.
+section is TRL's SFTConfig, built once (train/sft_config.py); what each objective swaps in is train/objectives.py.
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ from train.checkpoints import CompletenessMarker, last_complete_checkpoint, stop
 from train.config import TrainRecipe
 from train.data import data_fingerprint
 from train.model import lora_config
-from train.objectives import objective_trainer, trainer_config
+from train.objectives import objective_trainer
 from train.processes import group_timeout, keep_one_gpu, process_device, process_group_kwargs
 from train.recipe import StackVersionError as StackVersionError  # raised by check_transformers_version
 from train.recipe import check_transformers_version, parse_recipe, training_gpu_requests
 from train.relaunch import check_inputs, check_run_dir, mark_run
 from train.saving import save_final, training_record
-from train.splits import load_data
+from train.sft_config import trainer_config
+from train.splits import evaluates, load_data
 from train.tokenization import resolve_training_system
 from train.topology import check_resume, launch_topology
 from train.tracking import ResolvedConfigToWandb, configure_trackers, finish_trackers
@@ -87,13 +88,15 @@ def train(recipe: TrainRecipe, recipe_name: str, output_dir: Path, state: Partia
         changed (dict[str, tuple[Any, Any]]): the resumable keys this launch changed (`check_run_dir`).
         held (ExitStack): where the run directory's hold is kept until the run ends.
     """
-    # --- Batch plan, the checkpoint to resume, TRL's checks of the `training:` values (before any download;
-    # the config is built again once the data says whether there is an evaluation split)
+    # --- Batch plan, the checkpoint to resume, TRL's config of the run (built once, before any download:
+    # TRL's checks of the `training:` values fail here, not after the data and model are read)
     plan = batch_plan(recipe, state.num_processes)
     topology = launch_topology(state.num_processes)
     checkpoint = last_complete_checkpoint(output_dir) if recipe.run.resume else None
     resume_notes = check_resume(checkpoint, topology, recipe) if checkpoint else []
-    trainer_config(recipe, recipe_name, output_dir, state.num_processes, False, process_device(state))
+    args = trainer_config(recipe, recipe_name, output_dir, state.num_processes, evaluates(recipe),
+                          process_device(state))
+    keep_one_gpu(args, distributed=state.distributed_type != DistributedType.NO)
     say(state, *plan.notes())
 
     # --- Data
@@ -101,9 +104,6 @@ def train(recipe: TrainRecipe, recipe_name: str, output_dir: Path, state: Partia
     configure_trackers(recipe, recipe_name, output_dir, state.is_main_process)
 
     # --- Model and trainer
-    args = trainer_config(recipe, recipe_name, output_dir, state.num_processes, eval_data is not None,
-                          process_device(state))
-    keep_one_gpu(args, distributed=state.distributed_type != DistributedType.NO)
     stop = stop_on_request()  # preemption (slurm/train.sbatch): checkpoint and stop when asked
     peft_config = lora_config(recipe)
     trainer_class, model, collator, objective_kwargs = objective_trainer(recipe, model_dir, tokenizer, peft_config,

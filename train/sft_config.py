@@ -1,5 +1,6 @@
-"""The `training:` section of a recipe checked, and built into `HeadstartSFTConfig` (train/training_fields.py)
-for one launch: the recipe's values, and what the launch decides (batch plan, precision, evaluation, placement).
+"""The `training:` section of a recipe checked, and built once into TRL's config of the run
+(`HeadstartSFTConfig`, train/training_fields.py, or SDFTConfig) for one launch: the recipe's values, and
+what the launch decides (batch plan, precision, evaluation, placement).
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import PartialState
+from trl import SFTConfig
 
 from headstart.config import error_line
 from train.batch import batch_plan
 from train.config import RecipeValueError, TrainRecipe
 from train.model import model_init_kwargs, use_bf16
 from train.processes import process_device, process_state_kwargs
+from train.sdft import SDFTConfig, sdft_arguments
 from train.training_fields import HEADSTART_FIELDS, TRAINING_DEFAULTS, TRL_FIELDS, HeadstartSFTConfig
 
 # SFTConfig fields train/sft.py computes for every run: a recipe giving one is refused, told where it comes from.
@@ -159,20 +162,18 @@ def trainer_arguments(recipe: TrainRecipe, recipe_name: str, output_dir: Path, w
     )
 
 
-def sft_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
-               placement: tuple[int, str] | None = None) -> HeadstartSFTConfig:
-    """The `HeadstartSFTConfig` of `trainer_arguments` (same arguments); a value TRL refuses is its own
-    error, in one line.
-
-    Args:
-        recipe (TrainRecipe): the validated recipe.
-        recipe_name (str): its name, for the run name.
-        output_dir (Path): the run directory.
-        world_size (int): the processes of this launch.
-        evaluate (bool): whether there is an evaluation split to evaluate on.
-        placement (tuple[int, str] | None): the node's usable GPUs and this process's device (default: this process's).
+def trainer_config(recipe: TrainRecipe, recipe_name: str, output_dir: Path, world_size: int, evaluate: bool,
+                   placement: tuple[int, str] | None = None) -> SFTConfig:
+    """TRL's config of the run, built once: `HeadstartSFTConfig` of `trainer_arguments` (same arguments),
+    or for `objective: sdft` TRL's SDFTConfig of them (train/sdft.py `sdft_arguments`). A value TRL
+    refuses is its own error, in one line.
     """
+    arguments, config_class, name = trainer_arguments(recipe, recipe_name, output_dir, world_size, evaluate,
+                                                      placement), HeadstartSFTConfig, "SFTConfig"
+    if recipe.objective == "sdft":
+        arguments = sdft_arguments(recipe, arguments, batch_plan(recipe, world_size).effective)
+        config_class, name = SDFTConfig, "SDFTConfig"
     try:
-        return HeadstartSFTConfig(**trainer_arguments(recipe, recipe_name, output_dir, world_size, evaluate, placement))
+        return config_class(**arguments)
     except (ValueError, TypeError) as error:
-        raise RecipeValueError(f"training: TRL's SFTConfig refuses it: {error_line(error)}") from error
+        raise RecipeValueError(f"training: TRL's {name} refuses it: {error_line(error)}") from error

@@ -8,7 +8,7 @@ from datasets import Dataset
 from headstart.models import model_prompt_family
 from headstart.prompts import Family
 from train.config import TrainRecipe
-from train.data import load_split
+from train.data import has_split, load_split
 from train.provenance import answer_models, check_answer_models
 from train.sdft import sdft_rows
 from train.tokenization import check_fits, drop_over_long, tokenize_dataset, trained_system_record
@@ -30,6 +30,17 @@ def training_family(tokenizer, recipe: TrainRecipe) -> Family:
         raise ValueError(f"objective {recipe.objective} trains chat models; {source} is prompted as a base model "
                          "(prompt_format=completion): use objective sft or distill")
     return "refusion" if recipe.objective == "refusion" and family == "qwen3" else family
+
+
+def evaluates(recipe: TrainRecipe) -> bool:
+    """Whether the run evaluates: `training.eval_steps` above 0 and a `data.eval_split` the data holds
+    (a local dataset's listing says; a hub dataset's split is assumed, and checked once read).
+
+    Args:
+        recipe (TrainRecipe): the validated recipe.
+    """
+    split = recipe.data.eval_split
+    return bool(split) and (recipe.training["eval_steps"] or 0) > 0 and has_split(recipe.data.path, split) is not False
 
 
 def load_data(recipe: TrainRecipe, tokenizer, state: PartialState,
@@ -76,12 +87,14 @@ def load_data(recipe: TrainRecipe, tokenizer, state: PartialState,
         if not sdft:
             check_fits(train, max_length, data.train_split)
         evaluation = None
-        if data.eval_split and (recipe.training["eval_steps"] or 0) > 0:
+        if evaluates(recipe):
             evaluation = load_split(data.path, data.eval_split)
-            if evaluation is not None:
-                if data.max_eval_samples:
-                    evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
-                evaluation = prepare(evaluation, data.eval_split)
+            if evaluation is None:  # a hub dataset: its splits are known once it is read
+                raise ValueError(f"data.eval_split={data.eval_split!r}: {data.path} has no such split; "
+                                 "give one it has, or data.eval_split=null")
+            if data.max_eval_samples:
+                evaluation = evaluation.select(range(min(data.max_eval_samples, len(evaluation))))
+            evaluation = prepare(evaluation, data.eval_split)
     if state.is_main_process:
         for note in notes + dropped_notes:
             print(note, flush=True)
